@@ -1,0 +1,57 @@
+# langgraph-batch: the two commands a fresh machine needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+N ?= 50
+BACKEND_URL ?=
+
+.PHONY: demo test lint type format unit integration standard bench emulate clean
+
+# Create the virtual environment and install the package with everything the
+# tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## The main job: a fan-out against the built-in emulator (or BACKEND_URL=http://host:port).
+demo: $(VENV)/.installed
+	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
+
+## Lint, type check and the whole suite (unit, standard, integration).
+test: $(VENV)/.installed lint type
+	$(PY) -m pytest tests -q -p no:cacheprovider
+
+unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit -q --disable-socket --allow-unix-socket
+
+standard: $(VENV)/.installed
+	$(PY) -m pytest tests/standard -q
+
+integration: $(VENV)/.installed
+	$(PY) -m pytest tests/integration -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check langgraph_batch tests benchmarks examples
+	$(VENV)/bin/ruff format --check langgraph_batch tests benchmarks examples
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format langgraph_batch tests benchmarks examples
+	$(VENV)/bin/ruff check --fix langgraph_batch tests benchmarks examples
+
+type: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
+## All benchmark workloads at full size (see benchmarks/README.md).
+bench: $(VENV)/.installed
+	$(VENV)/bin/langgraph-batch bench all --out benchmarks/results
+
+emulate: $(VENV)/.installed
+	$(VENV)/bin/langgraph-batch emulate
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,99 @@
+"""Sibling identity, carried from `fan_out` to every LLM and tool call inside a sibling.
+
+`fan_out` runs each sibling inside `sibling_scope(info)`; the context variable
+is copied into every LangGraph task the sibling's subgraph spawns (LangGraph
+runs each task in `copy_context()`), so `current_sibling()` answers inside
+`BatchedChatModel._agenerate` and inside tools, sync or async.
+
+Outside a fan_out (a plain `Send` map-reduce), `current_sibling()` is None and
+the scheduler derives the caller's turn from the conversation instead.
+
+The admission protocol: a sibling holds an ACTIVE place while it runs model
+nodes. Entering a tool releases the place (`tool_enter`), leaving the tool
+re-acquires it with preference over fresh siblings (`tool_exit`). The
+`Admission` object is owned by the fan_out run; the tool hooks only call
+`SiblingInfo.tool_enter()` / `tool_exit()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = (
+    "Admission",
+    "SiblingInfo",
+    "current_sibling",
+    "sibling_scope",
+)
+
+
+class Admission(Protocol):
+    """Gate on ACTIVE siblings, owned by one fan_out run."""
+
+    async def acquire(self, sibling: SiblingInfo, *, returning: bool) -> None:
+        """Wait for an active place; `returning` siblings (back from a tool) go first."""
+
+    def release(self, sibling: SiblingInfo) -> None:
+        """Give the place back (sibling finished, failed, or entered a tool)."""
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class SiblingInfo:
+    """One running sibling of a fan_out. Mutable: turn and tool counters move."""
+
+    group: str
+    """The fan_out run this sibling belongs to."""
+    index: int
+    """Position of the sibling's item in the input list."""
+    total: int = 0
+    """How many siblings the run has."""
+    turn: int = 0
+    """LLM calls this sibling has completed (BatchedChatModel increments it)."""
+    tools_active: int = 0
+    """Tool calls of this sibling running now."""
+    admission: Admission | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sibling_id(self) -> str:
+        """`<group>/<index>`: unique within the process."""
+        return f"{self.group}/{self.index}"
+
+    @property
+    def in_tool(self) -> bool:
+        """True while any tool call of this sibling runs."""
+        return self.tools_active > 0
+
+    async def tool_enter(self) -> None:
+        """Mark the sibling as inside a tool; release its active place on the first one."""
+        self.tools_active += 1
+        if self.tools_active == 1 and self.admission is not None:
+            self.admission.release(self)
+
+    async def tool_exit(self) -> None:
+        """Leave a tool; on the last one, wait to become active again (preferred)."""
+        self.tools_active -= 1
+        if self.tools_active == 0 and self.admission is not None:
+            await self.admission.acquire(self, returning=True)
+
+
+_SIBLING: ContextVar[SiblingInfo | None] = ContextVar("langgraph_batch_sibling", default=None)
+
+
+def current_sibling() -> SiblingInfo | None:
+    """The sibling the calling code runs in, or None outside a fan_out."""
+    return _SIBLING.get()
+
+
+@contextlib.contextmanager
+def sibling_scope(info: SiblingInfo) -> Iterator[SiblingInfo]:
+    """Run the body as sibling `info` (sets the context variable, then restores it)."""
+    token = _SIBLING.set(info)
+    try:
+        yield info
+    finally:
+        _SIBLING.reset(token)

@@ -1,0 +1,238 @@
+"""The backend contract: what the scheduler sends to an inference server.
+
+A backend turns one `ChatRequest` into one `ChatResponse` over HTTP. It
+owns its `httpx.AsyncClient` and nothing else: slots, priority, retries and
+batching decisions belong to the scheduler. Backends translate every
+transport failure into the `langgraph_batch.errors` tree.
+
+The wire format is OpenAI's chat completions: `messages` are OpenAI message
+dicts, tools are OpenAI tool dicts. `ChatRequest.params` holds every other
+body field (temperature, max_tokens, stop, tools, tool_choice,
+response_format, ...) exactly as it goes on the wire.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+__all__ = (
+    "Backend",
+    "BackendCapabilities",
+    "ChatChunk",
+    "ChatRequest",
+    "ChatResponse",
+    "EngineMetrics",
+    "ModelInfo",
+    "ToolCall",
+    "ToolCallChunk",
+    "Usage",
+)
+
+_DC_KWARGS: dict[str, bool] = {"frozen": True, "slots": True, "kw_only": True}
+
+
+@dataclass(**_DC_KWARGS)
+class ChatRequest:
+    """One chat completion call as the scheduler sees it.
+
+    Example:
+        ```python
+        ChatRequest(
+            model="llama",
+            messages=[{"role": "user", "content": "hi"}],
+            params={"max_tokens": 16, "temperature": 0.0},
+            request_id="lgb-sib3-t1-8f2a",
+        )
+        ```
+    """
+
+    model: str
+    """The model name sent on the wire."""
+    messages: Sequence[Mapping[str, Any]]
+    """OpenAI-format message dicts."""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """Every other body field, as sent (tools, tool_choice, max_tokens, stop, ...)."""
+    stream: bool = False
+    """Use SSE; the backend calls `on_chunk` per delta."""
+    request_id: str = ""
+    """Sent as `request_id` / `X-Request-Id` where the server supports it."""
+    priority: int = 0
+    """Our priority, LOWER runs sooner (vLLM's convention). Backends map it."""
+    timeout: float | None = None
+    """Read timeout for this call, seconds (None: the backend's default)."""
+    batchable: bool = False
+    """True when this request may be merged with others into one HTTP call
+    (no tools, no streaming, single turn); set by the caller, used by the
+    scheduler only if the backend supports `complete_batch`."""
+
+
+@dataclass(**_DC_KWARGS)
+class ToolCall:
+    """A complete tool call from the model. `arguments` is raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(**_DC_KWARGS)
+class ToolCallChunk:
+    """A streamed fragment of a tool call (OpenAI `delta.tool_calls[i]`)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+@dataclass(**_DC_KWARGS)
+class Usage:
+    """Token counts the server reported."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    """`usage.prompt_tokens_details.cached_tokens` (None: not reported)."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(**_DC_KWARGS)
+class ChatChunk:
+    """One streamed delta. The final chunk carries `finish_reason` and/or `usage`."""
+
+    content: str = ""
+    tool_call_chunks: tuple[ToolCallChunk, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    id: str | None = None
+    model: str | None = None
+
+
+@dataclass(**_DC_KWARGS)
+class ChatResponse:
+    """A finished chat completion (aggregated from the stream when streaming)."""
+
+    id: str
+    """The server's response id (vLLM: `chatcmpl-<request_id>`)."""
+    model: str
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    request_id: str = ""
+    """The request id we sent."""
+
+
+@dataclass(**_DC_KWARGS)
+class EngineMetrics:
+    """What a server's `/metrics` says about its load (None: not exposed)."""
+
+    num_requests_running: float | None = None
+    num_requests_waiting: float | None = None
+    kv_cache_usage: float | None = None
+    """0..1."""
+    num_preemptions_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    kv_capacity_tokens: int | None = None
+    """block_size * num_gpu_blocks from `vllm:cache_config_info` (SGLang: max_total_num_tokens)."""
+    block_size: int | None = None
+    prefix_caching: bool | None = None
+
+
+@dataclass(**_DC_KWARGS)
+class ModelInfo:
+    """One entry of `/v1/models`."""
+
+    id: str
+    max_model_len: int | None = None
+
+
+@dataclass(**_DC_KWARGS)
+class BackendCapabilities:
+    """What the scheduler may ask of a backend."""
+
+    priority: bool = False
+    """The server honours a per-request priority (and it is configured on)."""
+    metrics: bool = False
+    """`metrics()` returns engine load figures."""
+    batch_completions: bool = False
+    """`complete_batch()` sends many prompts in one HTTP call."""
+    flavor: Literal["openai", "vllm", "sglang"] = "openai"
+
+
+class Backend(abc.ABC):
+    """An inference server, reached over HTTP.
+
+    Subclasses implement `chat`; everything else has a working default.
+    Lifecycle follows `httpx.AsyncClient`: `async with backend:` or
+    `await backend.aclose()`.
+
+    Every method raises only `langgraph_batch.errors.BackendError`
+    subclasses (and `asyncio.CancelledError`).
+    """
+
+    capabilities: BackendCapabilities = BackendCapabilities()
+    base_url: str = ""
+
+    @property
+    def key(self) -> str:
+        """Identifies the endpoint (set) this backend talks to.
+
+        BatchedChatModel instances whose backends have the same key share one
+        scheduler.
+        """
+        return f"{type(self).__name__}:{self.base_url}"
+
+    @abc.abstractmethod
+    async def chat(
+        self,
+        request: ChatRequest,
+        *,
+        on_chunk: Callable[[ChatChunk], None] | None = None,
+    ) -> ChatResponse:
+        """Run one chat completion.
+
+        With `request.stream`, the backend reads SSE and calls `on_chunk`
+        for every delta as it arrives (synchronously, from the calling task),
+        then returns the aggregated response. Cancelling the awaiting task
+        closes the HTTP request (the server aborts it).
+        """
+
+    async def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """Run several tool-free, non-streaming requests in as few HTTP calls as possible.
+
+        The default runs them one by one; vLLM sends one `/v1/completions`
+        list-prompt call. Results come back in input order.
+        """
+        return [await self.chat(r) for r in requests]
+
+    async def metrics(self) -> EngineMetrics | None:
+        """Current engine load, or None when the server exposes none."""
+        return None
+
+    async def health(self) -> bool:
+        """True when the server says it is healthy."""
+        return True
+
+    async def models(self) -> list[ModelInfo]:
+        """The models the server serves (`/v1/models`)."""
+        return []
+
+    async def aclose(self) -> None:  # noqa: B027 - a backend without resources needs no close
+        """Close the HTTP client. Idempotent."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

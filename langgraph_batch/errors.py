@@ -1,0 +1,281 @@
+"""Every exception langgraph-batch raises, in one tree.
+
+```
+LangGraphBatchError
+├─ SchedulerError
+│  ├─ SchedulerClosedError        # used after aclose(), or reopened
+│  └─ SchedulerDeadError          # the runner task died; every waiter gets this
+├─ BatchTimeoutError              # a request waited/ran past its timeout (retryable)
+├─ BackendError                   # anything the inference server did or did not do
+│  ├─ BackendConnectionError      # refused, reset, DNS, dropped mid-stream (retryable)
+│  ├─ BackendTimeoutError         # connect/read timeout (retryable)
+│  ├─ BackendRateLimitError       # HTTP 429, honours Retry-After (retryable)
+│  ├─ BackendServerError          # HTTP 5xx (retryable)
+│  ├─ BackendStreamError          # broken or truncated SSE (retryable)
+│  ├─ BackendAuthenticationError  # HTTP 401/403 (not retryable)
+│  ├─ BackendBadRequestError      # HTTP 4xx other than 429 (not retryable)
+│  │  ├─ ContextLengthExceededError   # prompt does not fit max_model_len
+│  │  └─ ModelNotFoundError           # wrong model name / wrong URL
+│  └─ MalformedToolCallError      # the model produced tool-call arguments that are not JSON
+└─ SiblingFailedError             # on_error="raise" in fan_out: carries every SiblingError
+```
+
+Backend errors also subclass langchain-core's standard model errors
+(`ModelConnectionError`, `ModelRateLimitError`, ...), which gives them
+`is_retryable`, so LangChain and LangGraph retry helpers treat them
+correctly. No retryable error derives from `TimeoutError`, `OSError`,
+`RuntimeError` or `ValueError`: LangGraph's `default_retry_on` would not
+retry those.
+
+Every error carries structured attributes and a message that says what to
+do about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.exceptions import (
+    ContextOverflowError,
+    ModelAPIError,
+    ModelAuthenticationError,
+    ModelConnectionError,
+    ModelInvalidRequestError,
+    ModelRateLimitError,
+    ModelTimeoutError,
+)
+from langchain_core.exceptions import ModelNotFoundError as _LCModelNotFoundError
+
+__all__ = (
+    "BackendAuthenticationError",
+    "BackendBadRequestError",
+    "BackendConnectionError",
+    "BackendError",
+    "BackendRateLimitError",
+    "BackendServerError",
+    "BackendStreamError",
+    "BackendTimeoutError",
+    "BatchTimeoutError",
+    "ContextLengthExceededError",
+    "LangGraphBatchError",
+    "MalformedToolCallError",
+    "ModelNotFoundError",
+    "SchedulerClosedError",
+    "SchedulerDeadError",
+    "SchedulerError",
+    "SiblingFailedError",
+)
+
+
+class LangGraphBatchError(Exception):
+    """Base class of every langgraph-batch error."""
+
+    is_retryable: bool = False
+    """Whether retrying the same call may succeed (langchain-core's convention)."""
+
+
+class SchedulerError(LangGraphBatchError):
+    """The scheduler cannot take or finish work."""
+
+
+class SchedulerClosedError(SchedulerError):
+    """The scheduler was closed (`aclose()`), or a closed scheduler was reopened.
+
+    Create a new `Scheduler`, or use one from the registry by name: the
+    registry replaces closed schedulers on demand.
+    """
+
+
+class SchedulerDeadError(SchedulerError):
+    """The scheduler's runner task died; queued and new requests fail with this.
+
+    Attributes:
+        cause: the exception that killed the runner.
+    """
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class BatchTimeoutError(LangGraphBatchError, ModelTimeoutError):
+    """A request did not finish within its `timeout` (queue wait included).
+
+    Attributes:
+        timeout_s: the timeout that fired, in seconds.
+        queued_s: how long the request waited for a slot before it started.
+        request_id: the request's id.
+    """
+
+    is_retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        timeout_s: float,
+        queued_s: float = 0.0,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+        self.queued_s = queued_s
+        self.request_id = request_id
+
+
+class BackendError(LangGraphBatchError):
+    """The inference server failed a request.
+
+    Attributes:
+        url: the URL that was called, when known.
+        status_code: the HTTP status, when there was a response.
+        request_id: the request id sent to the server, when known.
+        body: the (truncated) response body, when there was one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        status_code: int | None = None,
+        request_id: str | None = None,
+        body: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status_code = status_code
+        self.request_id = request_id
+        self.body = body
+
+
+class BackendConnectionError(BackendError, ModelConnectionError):
+    """The server could not be reached, or dropped the connection.
+
+    Check the `base_url` (scheme, host, port) and that the server is up.
+    """
+
+    is_retryable = True
+
+
+class BackendTimeoutError(BackendError, ModelTimeoutError):
+    """The server did not answer within the transport timeout."""
+
+    is_retryable = True
+
+
+class BackendRateLimitError(BackendError, ModelRateLimitError):
+    """HTTP 429: the server asks us to slow down.
+
+    Attributes:
+        retry_after_s: the server's `Retry-After`, in seconds, when sent.
+    """
+
+    is_retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
+
+
+class BackendServerError(BackendError, ModelAPIError):
+    """HTTP 5xx: the server failed (overloaded, restarting or crashed)."""
+
+    is_retryable = True
+
+
+class BackendStreamError(BackendError, ModelConnectionError):
+    """The SSE stream was broken: malformed event, or ended without `[DONE]`.
+
+    Attributes:
+        chunks_received: how many chunks arrived before the stream broke.
+    """
+
+    is_retryable = True
+
+    def __init__(self, message: str, *, chunks_received: int = 0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.chunks_received = chunks_received
+
+
+class BackendBadRequestError(BackendError, ModelInvalidRequestError):
+    """HTTP 4xx other than 429: the request itself is wrong; retrying won't help."""
+
+
+class BackendAuthenticationError(BackendError, ModelAuthenticationError):
+    """HTTP 401/403: the API key was refused. Set `api_key` or its env var."""
+
+
+class ContextLengthExceededError(BackendBadRequestError, ContextOverflowError):
+    """The prompt (plus `max_tokens`) does not fit the model's context window.
+
+    Attributes:
+        prompt_tokens: the prompt's length in tokens, when the server said.
+        max_model_len: the model's context window, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        prompt_tokens: int | None = None,
+        max_model_len: int | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
+
+
+class ModelNotFoundError(BackendBadRequestError, _LCModelNotFoundError):
+    """The server does not serve the requested model (or the URL is wrong).
+
+    Attributes:
+        model: the model name that was asked for.
+        available: the models the server listed, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        available: Sequence[str] = (),
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.model = model
+        self.available = tuple(available)
+
+
+class MalformedToolCallError(BackendError):
+    """The model produced a tool call whose arguments are not a JSON object.
+
+    Not raised by default: `BatchedChatModel` turns such calls into
+    `invalid_tool_calls` on the AIMessage (LangChain's convention), which
+    ToolNode answers with an error ToolMessage the model can react to.
+
+    Attributes:
+        tool_name: the tool the model tried to call.
+        arguments: the raw argument text.
+    """
+
+    def __init__(self, message: str, *, tool_name: str, arguments: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.tool_name = tool_name
+        self.arguments = arguments
+
+
+class SiblingFailedError(LangGraphBatchError):
+    """Raised by `fan_out(on_error="raise")` after all siblings finished.
+
+    Attributes:
+        errors: the `SiblingError` of every failed sibling, in input order.
+        results: every sibling's result (a `SiblingError` where it failed).
+    """
+
+    def __init__(self, message: str, *, errors: Sequence[Any], results: Sequence[Any]) -> None:
+        super().__init__(message)
+        self.errors = list(errors)
+        self.results = list(results)

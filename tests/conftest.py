@@ -1,0 +1,25 @@
+"""Shared fixtures: asyncio-only anyio backend in debug mode, a hermetic environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    return ("asyncio", {"debug": True})
+
+
+@pytest.fixture(autouse=True)
+def hermetic_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No API keys, tracing or proxies leak in from the developer's shell."""
+    for name in list(os.environ):
+        if name.startswith(("OPENAI_", "LANGSMITH_", "LANGCHAIN_", "LGB_", "VLLM_", "SGLANG_")) or (
+            name.lower() in {"http_proxy", "https_proxy", "all_proxy"}
+        ):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANGSMITH_TRACING", "false")
+    yield
