@@ -1,0 +1,152 @@
+"""LangGraph Studio: start `langgraph dev` offline on the repo's langgraph.json, drive it.
+
+The server is started in its own process group and the whole group is killed
+at teardown; the test asserts it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.studio
+
+REPO = Path(__file__).resolve().parents[2]
+LANGGRAPH = Path(sys.executable).with_name("langgraph")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class DevServer:
+    """A `langgraph dev` process group on a free loopback port."""
+
+    def __init__(self, *, env: dict[str, str], log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self._log_fh = log.open("wb")
+        self.proc = subprocess.Popen(
+            [
+                str(LANGGRAPH),
+                "dev",
+                "--no-browser",
+                "--no-reload",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--config",
+                str(REPO / "langgraph.json"),
+            ],
+            cwd=REPO,  # graph paths in langgraph.json are relative to the working directory
+            env=env,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pgid = self.proc.pid
+
+    def wait_ready(self, timeout: float = 45.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"langgraph dev exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/ok", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"langgraph dev not ready after {timeout}s:\n{self.tail()}")
+
+    def tail(self, n: int = 60) -> str:
+        self._log_fh.flush()
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        if _group_alive(self.pgid):
+            os.killpg(self.pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.pgid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        # Children are re-parented when the leader exits; give init a moment to reap them.
+        deadline = time.monotonic() + 10
+        while _group_alive(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(self.pgid):
+            os.killpg(self.pgid, signal.SIGKILL)
+        self._log_fh.close()
+
+
+@pytest.fixture
+def dev_server(tmp_path: Path) -> Iterator[DevServer]:
+    env = dict(os.environ)
+    env.update(
+        LANGGRAPH_CLI_NO_ANALYTICS="1",
+        LANGGRAPH_NO_VERSION_CHECK="true",
+        LANGSMITH_TRACING="false",
+    )
+    server = DevServer(env=env, log=tmp_path / "langgraph-dev.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+    assert server.proc.poll() is not None, "langgraph dev still running"
+    assert not _group_alive(server.pgid), "a process of the langgraph dev group survived"
+
+
+async def test_studio_fan_out(dev_server: DevServer) -> None:
+    from langgraph_sdk import get_client
+
+    client = get_client(url=dev_server.url)
+    assistants = await client.assistants.search(graph_id="fan_out_demo")
+    assert assistants, f"fan_out_demo not registered:\n{dev_server.tail()}"
+    aid = assistants[0]["assistant_id"]
+
+    drawn = await client.assistants.get_graph(aid, xray=True)
+    node_ids = {n["id"] for n in drawn["nodes"]}
+    print(node_ids)
+
+    topics = [f"topic-{i}" for i in range(20)]
+    custom: list[object] = []
+    final: dict[str, object] = {}
+    async for part in client.runs.stream(
+        None,
+        aid,
+        input={"topics": topics},
+        stream_mode=["custom", "values"],
+        stream_subgraphs=True,
+    ):
+        if part.event.startswith("custom"):
+            custom.append(part.data)
+        elif part.event == "values":
+            final = part.data
+        elif part.event == "error":
+            pytest.fail(f"run failed: {part.data}\n{dev_server.tail()}")
+    print(custom[:3], final)
+    assert len(custom) == 20
+    assert sorted(final["results"]) == sorted(t.upper() for t in topics)
