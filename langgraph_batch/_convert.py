@@ -1,0 +1,284 @@
+"""Conversion between LangChain messages and the OpenAI chat-completions wire format.
+
+`BatchedChatModel` sends OpenAI message dicts (`ChatRequest.messages`) and gets
+back backend-neutral `ChatResponse` / `ChatChunk` objects; this module turns
+one into the other. It follows `langchain_openai.ChatOpenAI`'s conventions
+(role mapping, tool-call replay, `invalid_tool_calls` for arguments that are
+not JSON, usage metadata) without depending on the `openai` SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    FunctionMessage,
+    HumanMessage,
+    InvalidToolCall,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    convert_to_openai_data_block,
+    is_data_content_block,
+)
+from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
+from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+
+from langgraph_batch.backends.base import ChatChunk, ChatResponse, Usage
+from langgraph_batch.backends.base import ToolCall as WireToolCall
+
+__all__ = (
+    "chunk_to_message_chunk",
+    "final_chunk",
+    "message_to_openai",
+    "messages_to_openai",
+    "parse_tool_calls",
+    "response_metadata",
+    "response_to_message",
+    "usage_to_metadata",
+)
+
+logger = logging.getLogger(__name__)
+
+# Content blocks that other providers put into assistant content and that an
+# OpenAI-compatible server would reject (ChatOpenAI drops the same ones).
+_DROPPED_BLOCK_TYPES = frozenset(
+    {"tool_use", "thinking", "reasoning_content", "reasoning", "function_call"}
+)
+
+
+def _format_content(content: Any) -> Any:
+    """Turn LangChain message content into chat-completions content."""
+    if not isinstance(content, list):
+        return content
+    formatted: list[Any] = []
+    for block in content:
+        if isinstance(block, str):
+            formatted.append({"type": "text", "text": block})
+            continue
+        if not isinstance(block, dict):
+            formatted.append(block)
+            continue
+        block_type = block.get("type")
+        if block_type in _DROPPED_BLOCK_TYPES:
+            continue
+        if is_data_content_block(block):
+            formatted.append(convert_to_openai_data_block(block))
+        elif block_type == "text" and "text" in block:
+            # Keep only what the wire format knows: LangChain adds ids,
+            # annotations and `extras` that strict servers reject.
+            formatted.append({"type": "text", "text": block["text"]})
+        elif block_type == "image" and isinstance(source := block.get("source"), dict):
+            # Anthropic-style image blocks.
+            if source.get("type") == "base64" and source.get("data"):
+                url = f"data:{source.get('media_type')};base64,{source['data']}"
+                formatted.append({"type": "image_url", "image_url": {"url": url}})
+            elif source.get("type") == "url" and source.get("url"):
+                formatted.append({"type": "image_url", "image_url": {"url": source["url"]}})
+        else:
+            formatted.append(block)
+    return formatted
+
+
+def _tool_call_to_openai(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "id": call["id"],
+        "function": {
+            "name": call["name"],
+            "arguments": json.dumps(call["args"], ensure_ascii=False),
+        },
+    }
+
+
+def _invalid_tool_call_to_openai(call: InvalidToolCall) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "id": call.get("id"),
+        "function": {"name": call.get("name"), "arguments": call.get("args") or ""},
+    }
+
+
+def message_to_openai(message: BaseMessage) -> dict[str, Any]:
+    """Convert one LangChain message to an OpenAI chat-completions message dict.
+
+    Args:
+        message: Any LangChain message (human, AI, system, tool, function, chat).
+
+    Returns:
+        The message as sent on the wire.
+
+    Raises:
+        TypeError: If the message type has no OpenAI equivalent.
+    """
+    out: dict[str, Any] = {"content": _format_content(message.content)}
+    name = message.name or message.additional_kwargs.get("name")
+    if name is not None:
+        out["name"] = name
+    if isinstance(message, ChatMessage):
+        out["role"] = message.role
+    elif isinstance(message, HumanMessage):
+        out["role"] = "user"
+    elif isinstance(message, AIMessage):
+        out["role"] = "assistant"
+        if message.tool_calls or message.invalid_tool_calls:
+            out["tool_calls"] = [_tool_call_to_openai(tc) for tc in message.tool_calls] + [
+                _invalid_tool_call_to_openai(tc) for tc in message.invalid_tool_calls
+            ]
+        elif "tool_calls" in message.additional_kwargs:
+            out["tool_calls"] = [
+                {k: v for k, v in tc.items() if k in {"id", "type", "function"}}
+                for tc in message.additional_kwargs["tool_calls"]
+            ]
+        elif "function_call" in message.additional_kwargs:
+            out["function_call"] = message.additional_kwargs["function_call"]
+        if "tool_calls" in out or "function_call" in out:
+            # With tool calls, an empty content must be null, not "" or [].
+            out["content"] = out["content"] or None
+    elif isinstance(message, SystemMessage):
+        out["role"] = message.additional_kwargs.get("__openai_role__", "system")
+    elif isinstance(message, FunctionMessage):
+        out["role"] = "function"
+    elif isinstance(message, ToolMessage):
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": out["content"]}
+    else:
+        msg = (
+            f"Cannot send a {type(message).__name__} to an OpenAI-compatible server; "
+            "use HumanMessage, AIMessage, SystemMessage, ToolMessage or ChatMessage."
+        )
+        raise TypeError(msg)
+    return out
+
+
+def messages_to_openai(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """Convert a conversation to OpenAI message dicts (see `message_to_openai`)."""
+    return [message_to_openai(m) for m in messages]
+
+
+def parse_tool_calls(
+    raw: Sequence[WireToolCall],
+) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+    """Split the model's tool calls into valid ones and `invalid_tool_calls`.
+
+    Arguments must be a JSON object (an empty string counts as `{}`); anything
+    else becomes an `InvalidToolCall` carrying the raw text and the reason, so
+    `ToolNode` can answer it with an error message instead of crashing.
+
+    Args:
+        raw: The tool calls of a `ChatResponse`.
+
+    Returns:
+        `(tool_calls, invalid_tool_calls)`.
+    """
+    valid: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for call in raw:
+        text = call.arguments or ""
+        error: str | None = None
+        args: Any = {}
+        if text.strip():
+            try:
+                args = json.loads(text, strict=False)
+            except json.JSONDecodeError as exc:
+                error = f"Tool call arguments are not valid JSON ({exc}): {text[:200]!r}"
+            else:
+                if not isinstance(args, dict):
+                    error = (
+                        f"Tool call arguments must be a JSON object, got "
+                        f"{type(args).__name__}: {text[:200]!r}"
+                    )
+        if error is not None:
+            logger.debug("invalid tool call %s: %s", call.name, error)
+            invalid.append(invalid_tool_call(name=call.name, args=text, id=call.id, error=error))
+        else:
+            valid.append(tool_call(name=call.name, args=args, id=call.id))
+    return valid, invalid
+
+
+def usage_to_metadata(usage: Usage) -> UsageMetadata:
+    """LangChain `usage_metadata` from the server's token counts."""
+    metadata = UsageMetadata(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
+    if usage.cached_tokens is not None:
+        metadata["input_token_details"] = InputTokenDetails(cache_read=usage.cached_tokens)
+    return metadata
+
+
+def response_metadata(
+    *,
+    model: str,
+    finish_reason: str | None,
+    request_id: str,
+    response_id: str | None,
+) -> dict[str, Any]:
+    """The `response_metadata` every message and final chunk carries."""
+    meta: dict[str, Any] = {"model_name": model, "finish_reason": finish_reason}
+    meta["request_id"] = request_id
+    if response_id is not None:
+        meta["id"] = response_id
+    return meta
+
+
+def response_to_message(response: ChatResponse) -> AIMessage:
+    """Build the `AIMessage` for a finished (non-streamed) chat completion.
+
+    Args:
+        response: What the backend returned.
+
+    Returns:
+        An AIMessage with content, tool calls (valid and invalid), usage and
+        response metadata (`model_name`, `finish_reason`, `request_id`, `id`).
+    """
+    tool_calls, invalid = parse_tool_calls(response.tool_calls)
+    return AIMessage(
+        content=response.content or "",
+        tool_calls=tool_calls,
+        invalid_tool_calls=invalid,
+        usage_metadata=usage_to_metadata(response.usage) if response.usage else None,
+        response_metadata=response_metadata(
+            model=response.model,
+            finish_reason=response.finish_reason,
+            request_id=response.request_id,
+            response_id=response.id,
+        ),
+    )
+
+
+def chunk_to_message_chunk(chunk: ChatChunk) -> AIMessageChunk:
+    """Build the `AIMessageChunk` for one streamed delta (text and tool-call fragments).
+
+    Usage and finish reason are left out: the model emits them once, on the
+    final chunk, from the aggregated response.
+    """
+    return AIMessageChunk(
+        content=chunk.content,
+        tool_call_chunks=[
+            tool_call_chunk(name=tc.name, args=tc.arguments, id=tc.id, index=tc.index)
+            for tc in chunk.tool_call_chunks
+        ],
+    )
+
+
+def final_chunk(response: ChatResponse) -> AIMessageChunk:
+    """The closing chunk of a stream: usage, metadata and `chunk_position="last"`."""
+    return AIMessageChunk(
+        content="",
+        usage_metadata=usage_to_metadata(response.usage) if response.usage else None,
+        response_metadata=response_metadata(
+            model=response.model,
+            finish_reason=response.finish_reason,
+            request_id=response.request_id,
+            response_id=response.id,
+        ),
+        chunk_position="last",
+    )

@@ -1,0 +1,554 @@
+"""`BatchedChatModel`: a LangChain chat model whose calls go through the shared scheduler.
+
+Drop it in wherever a graph uses `ChatOpenAI` against vLLM or SGLang. Every
+call (invoke, stream, batch, sync or async) becomes a `ChatRequest` that the
+process-wide `Scheduler` for that server queues, admits under `max_inflight`,
+retries and sends. Many concurrent agents (a `Send` map-reduce or `fan_out`)
+thereby share one controlled stream of requests to the engine.
+
+Sync calls run on one background event loop (`langgraph_batch._loop`), so a
+sync graph's threads also meet in one scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Self
+from urllib.parse import urlsplit
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import LangSmithParams, LanguageModelInput
+from langchain_core.language_models.chat_models import (
+    BaseChatModel,
+    agenerate_from_stream,
+    generate_from_stream,
+)
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.utils import secret_from_env
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from langgraph_batch._context import SiblingInfo, current_sibling
+from langgraph_batch._convert import (
+    chunk_to_message_chunk,
+    final_chunk,
+    messages_to_openai,
+    response_to_message,
+)
+from langgraph_batch._loop import background_loop
+from langgraph_batch._structured import (
+    StructuredMethod,
+    ToolLike,
+    format_tools,
+    normalize_tool_choice,
+    structured_output,
+    to_response_format,
+)
+from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+
+__all__ = ("BatchedChatModel",)
+
+logger = logging.getLogger(__name__)
+
+_SCHEMES = {"http", "https", "vllm", "sglang", "openai"}
+_DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+
+# Call kwargs that are LangChain bookkeeping, never body fields.
+_NOT_ON_WIRE = frozenset({"ls_structured_output_format", "structured_output_format", "stream"})
+# Body fields where None means "leave it out".
+_OMIT_IF_NONE = frozenset({"tool_choice", "parallel_tool_calls", "response_format", "tools"})
+
+_END = object()
+
+
+def _validate_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in _SCHEMES or not parts.netloc:
+        msg = (
+            f"base_url={value!r} is not a server URL; use http(s)://host:port[/v1], "
+            "vllm://host:port, sglang://host:port or openai://host."
+        )
+        raise ValueError(msg)
+    return value
+
+
+class BatchedChatModel(BaseChatModel):
+    """A chat model for vLLM, SGLang or any OpenAI-compatible server, batched.
+
+    All calls for one server (one `base_url`, or one `scheduler` name) go
+    through one `Scheduler` per event loop, which holds at most
+    `max_inflight` requests on the wire, retries transient errors
+    (`max_retries`) and orders work by each agent's turn.
+
+    Example:
+        ```python
+        from langgraph_batch.chat_model import BatchedChatModel
+
+        llm = BatchedChatModel(
+            model="meta-llama/Llama-3.1-8B-Instruct",
+            base_url="vllm://127.0.0.1:8000",
+            max_tokens=256,
+            temperature=0.0,
+            max_inflight=64,
+        )
+        answer = await llm.ainvoke("Name three prime numbers.")
+        agent_llm = llm.bind_tools([search], tool_choice="auto")
+
+
+        class Verdict(BaseModel):
+            label: str
+            confidence: float
+
+
+        judge = llm.with_structured_output(Verdict)  # response_format json_schema
+        ```
+    """
+
+    model: str = Field(alias="model_name")
+    """Model name as the server knows it (`/v1/models`)."""
+    base_url: str = Field(default_factory=lambda: os.environ.get("LGB_BASE_URL", _DEFAULT_BASE_URL))
+    """`http(s)://host:port[/v1]`, `vllm://host:port`, `sglang://host:port` or
+    `openai://host` (default: env `LGB_BASE_URL`, else the local vLLM port)."""
+    api_key: SecretStr | None = Field(
+        default_factory=secret_from_env(["LGB_API_KEY", "OPENAI_API_KEY"], default=None)
+    )
+    """Bearer token (default: env `LGB_API_KEY`, then `OPENAI_API_KEY`; None for local servers)."""
+    temperature: float | None = None
+    max_tokens: int | None = Field(default=None)
+    """Most tokens to generate per call."""
+    timeout: float | None = Field(default=None, alias="request_timeout")
+    """HTTP read timeout per attempt, in seconds (None: the backend's default)."""
+    total_timeout: float | None = None
+    """Limit on one call including queue wait and retries, in seconds (None: no limit)."""
+    max_retries: int = 2
+    """Retries of transient failures (429, 5xx, dropped connections), done by the scheduler."""
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    streaming: bool = False
+    """Stream every call (`invoke` then aggregates the stream)."""
+    max_inflight: int = 64
+    """Requests the shared scheduler keeps on the wire at once (used when it is created)."""
+    scheduler: Any = Field(default=None, exclude=True)
+    """A `Scheduler`, a registered scheduler name, or None (one per server URL)."""
+    backend: Backend | None = Field(default=None, exclude=True)
+    """An explicit backend instance (overrides `base_url`)."""
+    extra_body: dict[str, Any] | None = None
+    """Extra JSON body fields (vLLM/SGLang extras such as `top_k`, `cache_salt`)."""
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Other body fields sent with every call."""
+
+    model_config = ConfigDict(
+        populate_by_name=True, arbitrary_types_allowed=True, protected_namespaces=()
+    )
+
+    # ------------------------------------------------------------------ validation
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        return _validate_url(value)
+
+    @field_validator("timeout", "total_timeout")
+    @classmethod
+    def _check_timeout(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            msg = f"timeouts must be > 0 seconds (or None), got {value!r}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("max_inflight")
+    @classmethod
+    def _check_inflight(cls, value: int) -> int:
+        if value < 1:
+            msg = f"max_inflight must be >= 1, got {value!r}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("max_retries")
+    @classmethod
+    def _check_retries(cls, value: int) -> int:
+        if value < 0:
+            msg = f"max_retries must be >= 0, got {value!r}"
+            raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _check_scheduler(self) -> Self:
+        if self.scheduler is not None and not isinstance(self.scheduler, str):
+            from langgraph_batch.scheduler import Scheduler
+
+            if not isinstance(self.scheduler, Scheduler):
+                msg = (
+                    f"scheduler must be a Scheduler, a registered scheduler name or None, "
+                    f"got {type(self.scheduler).__name__}"
+                )
+                raise ValueError(msg)
+        return self
+
+    # ------------------------------------------------------------------ LangChain metadata
+
+    @property
+    def _llm_type(self) -> str:
+        return "langgraph-batch"
+
+    @property
+    def provider(self) -> Literal["vllm", "sglang", "openai"]:
+        """`"vllm"`, `"sglang"` or `"openai"` (any other OpenAI-compatible server)."""
+        if self.backend is not None:
+            return self.backend.capabilities.flavor
+        scheme = urlsplit(self.base_url).scheme
+        if scheme == "vllm":
+            return "vllm"
+        if scheme == "sglang":
+            return "sglang"
+        return "openai"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model,
+            "base_url": self.base_url,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "stop": self.stop,
+        }
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        """Where the API key comes from when (de)serialised."""
+        return {"api_key": "LGB_API_KEY"}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider=self.provider,
+            ls_model_name=kwargs.get("model") or self.model,
+            ls_model_type="chat",
+        )
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            params["ls_temperature"] = temperature
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            params["ls_max_tokens"] = max_tokens
+        if ls_stop := stop or kwargs.get("stop") or self.stop:
+            params["ls_stop"] = list(ls_stop)
+        return params
+
+    # ------------------------------------------------------------------ tools / structured
+
+    def bind_tools(
+        self,
+        tools: Sequence[ToolLike],
+        *,
+        tool_choice: Mapping[str, Any] | str | bool | None = None,
+        strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Any = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (LangChain tools, functions, pydantic models or OpenAI dicts).
+
+        Args:
+            tools: The tools the model may call.
+            tool_choice: `"auto"`, `"none"`, `"required"`, `"any"` (same as
+                required), `True`, a tool name, or an OpenAI dict.
+            strict: Ask for schema-exact arguments (`function.strict`).
+            parallel_tool_calls: Set False to allow at most one call per turn.
+            response_format: A schema for the final (non-tool) answer, as
+                `create_agent`'s provider strategy passes it.
+            **kwargs: Further call parameters, bound as they are.
+
+        Returns:
+            The model with the tools bound.
+
+        Raises:
+            ValueError: If `tool_choice` names a tool that is not bound.
+        """
+        formatted = format_tools(tools, strict=strict)
+        names = [t["function"]["name"] for t in formatted if "function" in t]
+        choice = normalize_tool_choice(tool_choice, names)
+        if choice is not None:
+            kwargs["tool_choice"] = choice
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
+        if response_format is not None:
+            kwargs["response_format"] = to_response_format(response_format, strict=strict)
+        return self.bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: Any = None,
+        *,
+        method: StructuredMethod = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        tools: Sequence[ToolLike] | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """Return a runnable whose output follows `schema`.
+
+        Args:
+            schema: A pydantic class (output: an instance), a TypedDict or a
+                JSON schema dict (output: a dict).
+            method: `"json_schema"` (default; sent as `response_format`, which
+                vLLM and SGLang enforce), `"function_calling"` or `"json_mode"`.
+            include_raw: Output `{"raw", "parsed", "parsing_error"}` instead of
+                raising when parsing fails.
+            strict: The schema's `strict` flag.
+            tools: With `json_schema`, tools the model may call instead.
+            **kwargs: Call parameters to bind.
+
+        Returns:
+            A runnable taking the model's input.
+
+        Raises:
+            ValueError: On a bad method/schema/strict combination.
+
+        Example:
+            ```python
+            class Answer(BaseModel):
+                city: str
+
+
+            structured = llm.with_structured_output(Answer, include_raw=True)
+            out = await structured.ainvoke("Capital of France?")
+            out["parsed"].city, out["parsing_error"]
+            ```
+        """
+        return structured_output(
+            self,
+            schema,
+            method=method,
+            include_raw=include_raw,
+            strict=strict,
+            tools=tools,
+            **kwargs,
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    def _params(self, stop: list[str] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            params["max_tokens"] = self.max_tokens
+        stop_seq = stop if stop is not None else self.stop
+        if stop_seq:
+            params["stop"] = list(stop_seq)
+        params.update(self.model_kwargs)
+        if self.extra_body:
+            params.update(self.extra_body)
+        for key, value in kwargs.items():
+            if key in _NOT_ON_WIRE or key in {"model", "extra_body"}:
+                continue
+            if value is None and key in _OMIT_IF_NONE:
+                continue
+            params[key] = value
+        if extra := kwargs.get("extra_body"):
+            params.update(extra)
+        if params.get("tools") == []:
+            params.pop("tools")
+            params.pop("tool_choice", None)
+        return params
+
+    def _build_request(
+        self,
+        messages: Sequence[BaseMessage],
+        stop: list[str] | None,
+        kwargs: Mapping[str, Any],
+        *,
+        stream: bool,
+    ) -> tuple[ChatRequest, int, SiblingInfo | None]:
+        sibling = current_sibling()
+        if sibling is not None:
+            turn = sibling.turn
+            request_id = f"lgb-{sibling.group}-{sibling.index}-t{turn}-{uuid.uuid4().hex[:8]}"
+        else:
+            turn = sum(1 for m in messages if isinstance(m, AIMessage))
+            request_id = f"lgb-{uuid.uuid4().hex}"
+        params = self._params(stop, kwargs)
+        if stream:
+            params["stream_options"] = {"include_usage": True}
+        batchable = not stream and not any(
+            k in params for k in ("tools", "response_format", "n", "logprobs")
+        )
+        batchable = batchable and all(m.type in {"human", "system"} for m in messages)
+        request = ChatRequest(
+            model=kwargs.get("model") or self.model,
+            messages=messages_to_openai(messages),
+            params=params,
+            stream=stream,
+            request_id=request_id,
+            timeout=self.timeout,
+            batchable=batchable,
+        )
+        return request, turn, sibling
+
+    def _make_backend(self) -> Backend:
+        if self.backend is not None:
+            return self.backend
+        from langgraph_batch.backends import backend_from_url
+
+        api_key = self.api_key.get_secret_value() if self.api_key is not None else None
+        options: dict[str, Any] = {"api_key": api_key}
+        if self.timeout is not None:
+            options["timeout"] = self.timeout
+        return backend_from_url(self.base_url, **options)
+
+    @property
+    def scheduler_key(self) -> str:
+        """The registry key of the scheduler this model's calls share."""
+        if isinstance(self.scheduler, str):
+            return self.scheduler
+        if self.backend is not None:
+            return self.backend.key
+        return f"url:{self.base_url.rstrip('/')}"
+
+    def get_scheduler(self) -> Any:
+        """The `Scheduler` for the running event loop (created on first use).
+
+        Returns:
+            The explicit `scheduler` instance, or the registry's shared scheduler
+            for this model's key in the running loop.
+        """
+        from langgraph_batch.scheduler import BatchPolicy, Scheduler
+        from langgraph_batch.scheduler.registry import scheduler_for
+
+        if isinstance(self.scheduler, Scheduler):
+            return self.scheduler
+        return scheduler_for(
+            key=self.scheduler_key,
+            backend_factory=self._make_backend,
+            policy=BatchPolicy(max_inflight=self.max_inflight),
+            name=self.scheduler if isinstance(self.scheduler, str) else None,
+        )
+
+    async def _submit(
+        self,
+        request: ChatRequest,
+        turn: int,
+        sibling: SiblingInfo | None,
+        on_chunk: Callable[[ChatChunk], None] | None = None,
+    ) -> ChatResponse:
+        scheduler = self.get_scheduler()
+        response: ChatResponse = await scheduler.submit(
+            request,
+            turn=turn,
+            sibling=sibling,
+            max_retries=self.max_retries,
+            timeout=self.total_timeout,
+            on_chunk=on_chunk,
+        )
+        return response
+
+    # ------------------------------------------------------------------ async paths
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming:
+            return await agenerate_from_stream(
+                self._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
+            )
+        return await self._acall(messages, stop, kwargs)
+
+    async def _acall(
+        self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
+    ) -> ChatResult:
+        request, turn, sibling = self._build_request(messages, stop, kwargs, stream=False)
+        response = await self._submit(request, turn, sibling)
+        if sibling is not None:
+            sibling.turn += 1
+        message = response_to_message(response)
+        generation = ChatGeneration(
+            message=message,
+            generation_info={"finish_reason": response.finish_reason},
+        )
+        llm_output: dict[str, Any] = {
+            "model_name": response.model,
+            "id": response.id,
+            "request_id": response.request_id,
+        }
+        if message.usage_metadata:
+            llm_output["token_usage"] = dict(message.usage_metadata)
+        return ChatResult(generations=[generation], llm_output=llm_output)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in self._stream_chunks(messages, stop, kwargs):
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _stream_chunks(
+        self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        request, turn, sibling = self._build_request(messages, stop, kwargs, stream=True)
+        chunks: asyncio.Queue[Any] = asyncio.Queue()
+        task = asyncio.create_task(self._submit(request, turn, sibling, chunks.put_nowait))
+        # Runs after the last on_chunk call: the backend calls on_chunk from
+        # inside the submit task, so the queue sees every chunk before _END.
+        task.add_done_callback(lambda _: chunks.put_nowait(_END))
+        try:
+            while (item := await chunks.get()) is not _END:
+                if item.content or item.tool_call_chunks:
+                    yield ChatGenerationChunk(message=chunk_to_message_chunk(item))
+            response = task.result()
+        finally:
+            if not task.done():
+                # The consumer stopped or was cancelled: withdraw the request
+                # (cancelling the submit aborts the HTTP call), bounded wait.
+                task.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
+        if sibling is not None:
+            sibling.turn += 1
+        yield ChatGenerationChunk(
+            message=final_chunk(response),
+            generation_info={"finish_reason": response.finish_reason},
+        )
+
+    # ------------------------------------------------------------------ sync paths
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming:
+            return generate_from_stream(
+                self._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
+            )
+        return background_loop().run(self._acall(messages, stop, kwargs))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        for chunk in background_loop().iterate(self._stream_chunks(messages, stop, kwargs)):
+            if run_manager is not None:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
