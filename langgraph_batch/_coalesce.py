@@ -1,0 +1,380 @@
+"""Single-flight coalescing, result reuse and per-key-space limits, independent of LangGraph.
+
+`Coalescer.run(key, fn, scope=...)` runs `fn` once for every group of callers
+that ask for the same `key` at the same time (single flight). With a `scope`
+the successful result is also kept for later callers of the same scope (one
+fan_out run); with a `ttl` it is kept process-wide for that many seconds.
+Executions are capped by an optional semaphore (`max_concurrency`) and an
+optional rate limiter (`rate_limit`, calls per second), both asynchronous.
+
+Cancellation: the execution runs in its own task and every caller awaits it
+through `asyncio.shield`, so a cancelled caller (the one that started it
+included) never fails the others; when the last caller is cancelled, the
+execution is cancelled too.
+
+`langgraph_batch.tools` builds the ToolNode and `create_agent` hooks on this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+__all__ = ("Coalescer", "RateLimiter")
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[Any]]
+
+_MISS: Any = object()
+
+
+class RateLimiter:
+    """Asynchronous rate limiter: at most `rate` starts per second, `burst` at once.
+
+    A virtual-scheduling token bucket (GCRA): each `acquire()` reserves the
+    next free start time and sleeps until then with the injected `sleep`
+    (`asyncio.sleep` by default), so waiting never blocks the event loop and
+    callers start in arrival order.
+
+    Example:
+        ```python
+        limiter = RateLimiter(5.0)  # 5 starts per second, evenly spaced
+        await limiter.acquire()
+        ```
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        *,
+        burst: int = 1,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        """Create a limiter.
+
+        Args:
+            rate: Starts per second, `> 0`.
+            burst: Starts allowed back to back before spacing applies, `>= 1`.
+            clock: Monotonic clock in seconds (injectable for tests).
+            sleep: Async sleep (injectable for tests).
+
+        Raises:
+            ValueError: If `rate <= 0` or `burst < 1`.
+        """
+        if not rate > 0:
+            raise ValueError(f"rate_limit must be > 0 calls per second, got {rate!r}")
+        if burst < 1:
+            raise ValueError(f"burst must be >= 1, got {burst!r}")
+        self.rate = float(rate)
+        self.burst = burst
+        self._interval = 1.0 / self.rate
+        self._tolerance = (burst - 1) * self._interval
+        self._clock = clock
+        self._sleep = sleep
+        self._tat: float | None = None  # theoretical arrival time of the next start
+
+    def reserve(self) -> float:
+        """Reserve the next start; return how many seconds to wait for it (pure, sync)."""
+        now = self._clock()
+        tat = now if self._tat is None else max(self._tat, now)
+        wait = tat - self._tolerance - now
+        self._tat = tat + self._interval
+        return max(0.0, wait)
+
+    async def acquire(self) -> None:
+        """Wait until this caller may start."""
+        wait = self.reserve()
+        if wait > 0:
+            await self._sleep(wait)
+
+
+@dataclass(eq=False)
+class _Flight:
+    task: asyncio.Task[Any]
+    waiters: int = 0
+
+
+@dataclass(eq=False)
+class _LoopState:
+    flights: dict[tuple[Hashable, Hashable], _Flight] = field(default_factory=dict)
+    semaphore: asyncio.Semaphore | None = None
+    limiter: RateLimiter | None = None
+
+
+class Coalescer(Generic[T]):
+    """Share one execution among identical concurrent (and, optionally, later) calls.
+
+    Each call names a hashable `key`; calls with equal keys (and equal
+    `scope`) that overlap in time share one execution of the first caller's
+    `fn`. A caller that arrives after a successful execution of its scope, or
+    within `ttl` seconds of any successful execution, gets the stored result.
+    Errors and unshareable results are never stored.
+
+    In-flight executions, the semaphore and the rate limiter belong to the
+    running event loop (one set per loop); stored results are process-wide.
+
+    Example:
+        ```python
+        coalescer: Coalescer[str] = Coalescer(ttl=60.0, max_concurrency=4)
+
+        async def fetch() -> str:
+            return await http_get("https://example.com/weather?city=Paris")
+
+        # 50 siblings asking at once -> one fetch, 50 identical answers
+        results = await asyncio.gather(
+            *(coalescer.run(("weather", "Paris"), fetch, scope="run-1") for _ in range(50))
+        )
+        ```
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl: float | None = None,
+        max_concurrency: int | None = None,
+        rate_limit: float | None = None,
+        share_errors: bool = True,
+        max_scopes: int = 256,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        """Create a coalescer.
+
+        Args:
+            ttl: Keep successful results process-wide for this many seconds
+                (`> 0`); None keeps nothing across scopes.
+            max_concurrency: At most this many executions at once (`>= 1`).
+            rate_limit: At most this many execution starts per second (`> 0`).
+            share_errors: When the shared execution fails, give its error to
+                every caller waiting on it. False: each waiting caller runs
+                its own execution instead (again single-flight among them).
+            max_scopes: Scopes whose results are kept; the least recently
+                used scope is forgotten beyond this (`>= 1`).
+            clock: Monotonic clock for the TTL and the rate limiter.
+            sleep: Async sleep for the rate limiter.
+
+        Raises:
+            ValueError: If a limit is out of range.
+        """
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"ttl must be > 0 seconds or None, got {ttl!r}")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency!r}")
+        if rate_limit is not None and not rate_limit > 0:
+            raise ValueError(f"rate_limit must be > 0 calls per second or None, got {rate_limit!r}")
+        if max_scopes < 1:
+            raise ValueError(f"max_scopes must be >= 1, got {max_scopes!r}")
+        self.ttl = ttl
+        self.max_concurrency = max_concurrency
+        self.rate_limit = rate_limit
+        self.share_errors = share_errors
+        self.max_scopes = max_scopes
+        self._clock = clock
+        self._sleep = sleep
+        self._scopes: OrderedDict[Hashable, dict[Hashable, T]] = OrderedDict()
+        self._ttl_cache: dict[Hashable, tuple[float, T]] = {}
+        self._ttl_inserts = 0
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- stored results -------------------------------------------------------------
+
+    def lookup(self, key: Hashable, *, scope: Hashable | None = None) -> Any:
+        """A stored result for `key` (scope first, then TTL cache), or the `MISS` sentinel."""
+        if scope is not None:
+            stored = self._scopes.get(scope)
+            if stored is not None and key in stored:
+                self._scopes.move_to_end(scope)
+                return stored[key]
+        if self.ttl is not None:
+            entry = self._ttl_cache.get(key)
+            if entry is not None:
+                expires, value = entry
+                if self._clock() < expires:
+                    return value
+                self._ttl_cache.pop(key, None)
+        return _MISS
+
+    MISS: Any = _MISS
+    """Returned by `lookup` when nothing is stored."""
+
+    def _store(self, key: Hashable, scope: Hashable | None, value: T) -> None:
+        if scope is not None:
+            stored = self._scopes.get(scope)
+            if stored is None:
+                stored = self._scopes[scope] = {}
+                while len(self._scopes) > self.max_scopes:
+                    self._scopes.popitem(last=False)
+            else:
+                self._scopes.move_to_end(scope)
+            stored[key] = value
+        if self.ttl is not None:
+            now = self._clock()
+            self._ttl_cache[key] = (now + self.ttl, value)
+            self._ttl_inserts += 1
+            if self._ttl_inserts % 256 == 0:  # sweep expired entries now and then
+                for k in [k for k, (exp, _) in self._ttl_cache.items() if exp <= now]:
+                    del self._ttl_cache[k]
+
+    def forget_scope(self, scope: Hashable) -> None:
+        """Drop the results kept for `scope` (e.g. when its fan_out run ends)."""
+        self._scopes.pop(scope, None)
+
+    def clear(self) -> None:
+        """Drop every stored result (in-flight executions are not affected)."""
+        self._scopes.clear()
+        self._ttl_cache.clear()
+
+    # -- execution ------------------------------------------------------------------
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            state = self._loops[loop] = _LoopState()
+            if self.max_concurrency is not None:
+                state.semaphore = asyncio.Semaphore(self.max_concurrency)
+            if self.rate_limit is not None:
+                state.limiter = RateLimiter(self.rate_limit, clock=self._clock, sleep=self._sleep)
+        return state
+
+    def inflight(self) -> int:
+        """Executions running (or waiting for a limit) in the current loop."""
+        return len(self._state().flights)
+
+    def waiting(self, key: Hashable, *, scope: Hashable | None = None) -> int:
+        """Callers (the one that started it included) awaiting the execution for `key`."""
+        flight = self._state().flights.get((scope, key))
+        return 0 if flight is None else flight.waiters
+
+    async def _limited(self, fn: Callable[[], Awaitable[T]], state: _LoopState) -> T:
+        if state.semaphore is None:
+            if state.limiter is not None:
+                await state.limiter.acquire()
+            return await fn()
+        async with state.semaphore:
+            if state.limiter is not None:
+                await state.limiter.acquire()
+            return await fn()
+
+    async def _execute(
+        self,
+        fk: tuple[Hashable, Hashable],
+        flight_ref: list[_Flight],
+        fn: Callable[[], Awaitable[T]],
+        state: _LoopState,
+        storable: Callable[[T], bool],
+    ) -> T:
+        try:
+            value = await self._limited(fn, state)
+        finally:
+            # Leave the in-flight table before the waiters wake up, so that a
+            # caller arriving afterwards sees the stored result (or starts anew).
+            if flight_ref and state.flights.get(fk) is flight_ref[0]:
+                del state.flights[fk]
+        if storable(value):
+            self._store(fk[1], fk[0], value)
+        return value
+
+    async def run(
+        self,
+        key: Hashable,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        scope: Hashable | None = None,
+        shareable: Callable[[T], bool] | None = None,
+        is_error: Callable[[T], bool] | None = None,
+        share_exception: Callable[[BaseException], bool] | None = None,
+    ) -> T:
+        """Run `fn`, or share the result of an identical execution.
+
+        Args:
+            key: What makes two calls identical.
+            fn: Produces the result; called at most once per execution, in a
+                task of its own that copies the caller's context.
+            scope: Results are kept for later callers of the same scope;
+                None shares only concurrent calls (and the TTL cache).
+            shareable: False for a result only its own caller may have (for
+                example a LangGraph `Command`): waiting callers then run
+                their own execution. Default: every result is shareable.
+            is_error: True for a result that reports an error (for example a
+                ToolMessage with status "error"): shared like a raised error
+                (see `share_errors`) and never stored.
+            share_exception: False for an exception that belongs to the
+                caller that ran it (for example a LangGraph interrupt); other
+                callers then run their own execution. Consulted only when
+                `share_errors` is True.
+
+        Returns:
+            The result of `fn` (this caller's, or the shared one).
+
+        Raises:
+            BaseException: What `fn` raised, when it is this caller's or shared.
+            asyncio.CancelledError: When this caller is cancelled.
+        """
+
+        def storable(value: T) -> bool:
+            return (shareable is None or shareable(value)) and (
+                is_error is None or not is_error(value)
+            )
+
+        while True:
+            hit = self.lookup(key, scope=scope)
+            if hit is not _MISS:
+                return hit  # type: ignore[no-any-return]
+            state = self._state()
+            fk = (scope, key)
+            flight = state.flights.get(fk)
+            leader = flight is None
+            if flight is None:
+                ref: list[_Flight] = []
+                task = asyncio.get_running_loop().create_task(
+                    self._execute(fk, ref, fn, state, storable)
+                )
+                flight = _Flight(task)
+                ref.append(flight)
+                state.flights[fk] = flight
+            flight.waiters += 1
+            try:
+                value: T = await asyncio.shield(flight.task)
+            except asyncio.CancelledError:
+                flight.waiters -= 1
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():
+                    # This caller is cancelled; the last one out cancels the execution.
+                    if flight.waiters == 0 and not flight.task.done():
+                        flight.task.cancel()
+                        if state.flights.get(fk) is flight:
+                            del state.flights[fk]
+                    raise
+                # The execution cancelled itself: nobody's result to share.
+                if leader:
+                    raise
+                continue
+            except BaseException as exc:
+                flight.waiters -= 1
+                if leader:
+                    raise
+                if self.share_errors and (share_exception is None or share_exception(exc)):
+                    raise
+                continue
+            flight.waiters -= 1
+            if leader:
+                return value
+            if shareable is not None and not shareable(value):
+                continue
+            if not self.share_errors and is_error is not None and is_error(value):
+                continue
+            return value
