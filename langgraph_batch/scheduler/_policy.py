@@ -1,0 +1,668 @@
+"""The scheduler's decision logic: a pure, synchronous object with an explicit clock.
+
+`BatchPolicy` is the user-facing configuration (a frozen value object).
+`BatchPolicyCore` holds the queue and the slot accounting and decides, each
+time it is asked (`plan(now)`), which queued requests go on the wire now,
+which of them go together as one batch, and when it wants to be asked again
+(the end of an open batch window). It never awaits, never reads a clock and
+never touches a future: the async runner (`_runner.py`) feeds it events
+(`enqueue`, `withdraw`, `on_complete`, `on_metrics`) with `now` and carries
+out its plans. That keeps every scheduling decision unit-testable with
+explicit clocks.
+
+Priority order is a heap of `(primary, seq, item)` tuples, so comparisons
+run in C; withdrawn items are deleted lazily (skipped when they reach the
+top, and the heap is compacted when dead entries dominate).
+
+The in-flight limit adapts AIMD-style between `min_inflight` and the hard
+cap: multiplicative decrease on HTTP 429/503 or on a rising
+`num_preemptions_total`, additive increase while the server keeps no queue of
+its own (`num_requests_waiting == 0`) and ours is non-empty. Without engine
+metrics the limit only recovers towards `max_inflight`, never beyond it.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langgraph_batch.backends.base import EngineMetrics
+
+__all__ = (
+    "BatchPolicy",
+    "BatchPolicyCore",
+    "Outcome",
+    "Plan",
+    "PolicyItem",
+    "PriorityMode",
+)
+
+PriorityMode = Literal["depth_first", "las", "fifo"]
+_PRIORITY_MODES: tuple[str, ...] = ("depth_first", "las", "fifo")
+
+# Item states (plain ints: compared on the hot path).
+QUEUED = 0
+RUNNING = 1
+DONE = 2
+WITHDRAWN = 3
+NEW = 4
+
+# Remember attained service for this many siblings (oldest forgotten first).
+_LAS_MEMORY = 100_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchPolicy:
+    """How a `Scheduler` queues, admits, batches and retries requests.
+
+    Every field has a working default; the ones most worth tuning are
+    `max_inflight` (engine load) and `priority`.
+
+    Example:
+        ```python
+        from langgraph_batch.scheduler import BatchPolicy, Scheduler
+
+        policy = BatchPolicy(max_inflight=128, priority="las", max_retries=3)
+        scheduler = Scheduler(backend, policy=policy, name="main")
+        ```
+
+    Raises:
+        ValueError: a field is out of range (the message names it).
+    """
+
+    max_inflight: int = 64
+    """Requests on the wire at first; without engine metrics also the ceiling."""
+    min_inflight: int = 1
+    """Floor the adaptive limit never shrinks below."""
+    inflight_cap: int | None = None
+    """Hard cap the limit may grow to when the engine reports an empty queue
+    (None: 4 x `max_inflight`)."""
+    adaptive: bool = True
+    """Adapt the limit (AIMD). False: exactly `max_inflight` slots, always."""
+    increase_step: float = 4.0
+    """Slots added per metrics sample that shows the server has no queue while we do."""
+    decrease_factor: float = 0.7
+    """Multiplier applied on 429/503/preemption (0 < f < 1)."""
+    adapt_cooldown_s: float = 1.0
+    """At most one decrease per this many seconds (one burst of 429s = one decrease)."""
+    metrics_interval_s: float = 0.5
+    """How often the runner polls `backend.metrics()` (when the backend has metrics)."""
+    priority: PriorityMode = "depth_first"
+    """`depth_first` (more turns done goes first), `las` (least attained service
+    per sibling first, Autellix) or `fifo`. FIFO among equals in every mode."""
+    batch_window_s: float = 0.002
+    """How long batchable requests are collected before going out together (0: off)."""
+    max_batch_size: int = 64
+    """Most requests in one `complete_batch` call (1: batching off)."""
+    max_retries: int = 2
+    """Retries of a retryable error (a request runs at most 1 + max_retries times)."""
+    backoff_base_s: float = 0.25
+    """First retry's backoff ceiling; doubles per attempt (full jitter)."""
+    backoff_max_s: float = 8.0
+    """Largest backoff ceiling (Retry-After from the server may exceed it)."""
+    timeout: float | None = None
+    """Default per-request timeout, queue wait included (None: no limit)."""
+    stats_window: int = 10_000
+    """Latency samples kept for the percentiles in `SchedulerStats`."""
+
+    def __post_init__(self) -> None:
+        _check_int("max_inflight", self.max_inflight, 1)
+        _check_int("min_inflight", self.min_inflight, 1)
+        if self.min_inflight > self.max_inflight:
+            raise ValueError(
+                f"min_inflight={self.min_inflight} must be <= max_inflight={self.max_inflight}"
+            )
+        if self.inflight_cap is not None:
+            _check_int("inflight_cap", self.inflight_cap, 1)
+            if self.inflight_cap < self.max_inflight:
+                raise ValueError(
+                    f"inflight_cap={self.inflight_cap} must be >= "
+                    f"max_inflight={self.max_inflight} (or None)"
+                )
+        if not self.increase_step > 0:
+            raise ValueError(f"increase_step={self.increase_step!r} must be > 0")
+        if not 0 < self.decrease_factor < 1:
+            raise ValueError(f"decrease_factor={self.decrease_factor!r} must be in (0, 1)")
+        if not self.adapt_cooldown_s >= 0:
+            raise ValueError(f"adapt_cooldown_s={self.adapt_cooldown_s!r} must be >= 0")
+        if not self.metrics_interval_s > 0:
+            raise ValueError(f"metrics_interval_s={self.metrics_interval_s!r} must be > 0")
+        if self.priority not in _PRIORITY_MODES:
+            raise ValueError(
+                f"priority={self.priority!r} is not one of {', '.join(_PRIORITY_MODES)}"
+            )
+        if not self.batch_window_s >= 0:
+            raise ValueError(f"batch_window_s={self.batch_window_s!r} must be >= 0")
+        _check_int("max_batch_size", self.max_batch_size, 1)
+        _check_int("max_retries", self.max_retries, 0)
+        if not self.backoff_base_s >= 0:
+            raise ValueError(f"backoff_base_s={self.backoff_base_s!r} must be >= 0")
+        if not self.backoff_max_s >= self.backoff_base_s:
+            raise ValueError(
+                f"backoff_max_s={self.backoff_max_s!r} must be >= "
+                f"backoff_base_s={self.backoff_base_s!r}"
+            )
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"timeout={self.timeout!r} must be > 0 seconds (or None)")
+        _check_int("stats_window", self.stats_window, 1)
+
+    @property
+    def hard_cap(self) -> int:
+        """The most slots the adaptive limit may reach."""
+        if not self.adaptive:
+            return self.max_inflight
+        return self.inflight_cap if self.inflight_cap is not None else 4 * self.max_inflight
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> BatchPolicy:
+        """Build a policy from JSON-only configuration (Studio, the SDK).
+
+        Args:
+            config: field names to values; unknown names are an error.
+
+        Returns:
+            The policy.
+
+        Raises:
+            ValueError: an unknown field or a bad value.
+
+        Example:
+            ```python
+            BatchPolicy.from_dict({"max_inflight": 32, "priority": "fifo"})
+            ```
+        """
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown BatchPolicy field(s) {unknown}; known fields: {sorted(known)}"
+            )
+        return cls(**config)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+class Outcome(enum.Enum):
+    """How an inference call ended, as far as slot adaptation cares."""
+
+    OK = "ok"
+    """The call returned a response."""
+    RATE_LIMITED = "rate_limited"
+    """HTTP 429: shrink the limit."""
+    OVERLOADED = "overloaded"
+    """HTTP 503: shrink the limit."""
+    ERROR = "error"
+    """Any other failure (no effect on the limit)."""
+    CANCELLED = "cancelled"
+    """The caller went away (no effect on the limit)."""
+
+
+class PolicyItem:
+    """One queued request as the policy sees it (the runner hangs its future on it).
+
+    Example:
+        ```python
+        item = PolicyItem(turn=3, sibling_id="run1/7")
+        core.enqueue(item, now=0.0)
+        ```
+    """
+
+    __slots__ = (
+        "batchable",
+        "dispatched_at",
+        "enqueued_at",
+        "entry",
+        "future",
+        "group",
+        "in_batch",
+        "payload",
+        "queued_s",
+        "seq",
+        "sibling_id",
+        "state",
+        "turn",
+    )
+
+    def __init__(
+        self,
+        *,
+        turn: int = 0,
+        sibling_id: Hashable | None = None,
+        group: str | None = None,
+        batchable: bool = False,
+        payload: Any = None,
+    ) -> None:
+        self.turn = turn
+        """Turns (LLM calls) the caller has completed; more goes first in depth_first."""
+        self.sibling_id = sibling_id
+        """The sibling (program) this request belongs to, when known."""
+        self.group = group
+        """The fan_out run of the sibling, when known."""
+        self.batchable = batchable
+        """May go out in one `complete_batch` call with others."""
+        self.payload = payload
+        """Whatever the runner attaches (the ChatRequest)."""
+        self.seq = -1
+        self.state = NEW
+        self.entry: tuple[float, int, PolicyItem] | None = None
+        self.enqueued_at = 0.0
+        self.dispatched_at = 0.0
+        self.queued_s = 0.0
+        """Total time spent queued over all attempts."""
+        self.in_batch = False
+        self.future: Any = None
+
+    def __repr__(self) -> str:
+        return (
+            f"PolicyItem(seq={self.seq}, turn={self.turn}, sibling_id={self.sibling_id!r}, "
+            f"state={self.state})"
+        )
+
+
+@dataclass(slots=True)
+class Plan:
+    """What to do now: the answer of `BatchPolicyCore.plan(now)`.
+
+    Example:
+        ```python
+        plan = core.plan(now)
+        for item in plan.dispatch: ...      # each runs alone, one slot each
+        for batch in plan.batches: ...      # each goes out as one complete_batch
+        if plan.wake_at is not None: ...    # ask again at this time at the latest
+        ```
+    """
+
+    dispatch: list[PolicyItem] = field(default_factory=list)
+    """Items granted a slot, to run one by one, best first."""
+    batches: list[list[PolicyItem]] = field(default_factory=list)
+    """Groups of batchable items, each to go out in one call (one slot per member)."""
+    wake_at: float | None = None
+    """When an open batch window closes (None: nothing is waiting on the clock)."""
+
+
+class BatchPolicyCore:
+    """The pure scheduling state machine behind `Scheduler`.
+
+    Args:
+        policy: the configuration.
+        batching: whether batchable items may be collected into batches (the
+            backend supports `complete_batch` and the policy enables it).
+        has_metrics: whether engine metrics will arrive (`on_metrics`); without
+            them the limit never grows beyond `max_inflight`.
+
+    Example:
+        ```python
+        core = BatchPolicyCore(BatchPolicy(max_inflight=2))
+        a, b, c = PolicyItem(turn=0), PolicyItem(turn=2), PolicyItem(turn=1)
+        for it in (a, b, c):
+            core.enqueue(it, now=0.0)
+        plan = core.plan(now=0.0)
+        assert plan.dispatch == [b, c]      # further along first
+        core.on_complete(b, Outcome.OK, now=1.0)
+        assert core.plan(now=1.0).dispatch == [a]
+        ```
+    """
+
+    def __init__(
+        self, policy: BatchPolicy, *, batching: bool = False, has_metrics: bool = False
+    ) -> None:
+        self.policy = policy
+        self._mode = policy.priority
+        self._batching = batching and policy.max_batch_size > 1 and policy.batch_window_s > 0
+        self._has_metrics = has_metrics
+        self._window = policy.batch_window_s
+        self._max_batch = policy.max_batch_size
+        self._base = float(policy.max_inflight)
+        self._floor = float(policy.min_inflight)
+        self._cap = float(policy.hard_cap)
+        self._limit = self._base
+        self._ilimit = policy.max_inflight
+        self._seq = 0
+        self._heap: list[tuple[float, int, PolicyItem]] = []
+        self._bheap: list[tuple[float, int, PolicyItem]] = []
+        self._queued = 0
+        self._bqueued = 0
+        self._dead = 0
+        self._window_open: float | None = None
+        self._in_flight = 0
+        self._by_sibling: dict[Hashable, int] = {}
+        self._attained: dict[Hashable, float] = {}
+        self._last_decrease = -math.inf
+        self._last_preemptions: float | None = None
+        self._util_area = 0.0
+        self._util_t: float | None = None
+        self._util_t0: float | None = None
+        self.latest_metrics: EngineMetrics | None = None
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def queued(self) -> int:
+        """Items waiting for a slot (withdrawn ones excluded)."""
+        return self._queued + self._bqueued
+
+    @property
+    def in_flight(self) -> int:
+        """Slots held now."""
+        return self._in_flight
+
+    @property
+    def limit(self) -> int:
+        """The current (adaptive) in-flight limit."""
+        return self._ilimit
+
+    @property
+    def limit_exact(self) -> float:
+        """The adaptive limit before rounding down."""
+        return self._limit
+
+    @property
+    def slots_free(self) -> int:
+        """Slots that may be granted now (never negative)."""
+        free = self._ilimit - self._in_flight
+        return free if free > 0 else 0
+
+    def inflight_by_sibling(self) -> dict[Hashable, int]:
+        """Slots held per sibling id (siblings with none are absent)."""
+        return dict(self._by_sibling)
+
+    def attained_service(self, sibling_id: Hashable) -> float:
+        """Seconds of inference a sibling has received so far (the LAS key)."""
+        return self._attained.get(sibling_id, 0.0)
+
+    def utilisation(self, now: float) -> float:
+        """Time-weighted mean of in_flight / limit since the first event (0..1)."""
+        self._account(now)
+        t0 = self._util_t0
+        if t0 is None or now <= t0:
+            return 0.0
+        return min(1.0, self._util_area / (now - t0))
+
+    # ----------------------------------------------------------------- events
+
+    def enqueue(self, item: PolicyItem, now: float) -> None:
+        """Queue an item (a retry keeps its first sequence number, so it keeps its place).
+
+        Args:
+            item: a new item, or one that finished an attempt and is retried.
+            now: the current time, seconds.
+
+        Raises:
+            ValueError: the item is already queued or running.
+        """
+        if item.state == QUEUED or item.state == RUNNING:
+            raise ValueError(f"{item!r} is already queued or running")
+        if item.seq < 0:
+            item.seq = self._seq
+            self._seq += 1
+        mode = self._mode
+        if mode == "depth_first":
+            primary: float = -item.turn
+        elif mode == "fifo":
+            primary = 0
+        else:
+            sid = item.sibling_id
+            primary = self._attained.get(sid, 0.0) if sid is not None else 0.0
+        entry = (primary, item.seq, item)
+        item.entry = entry
+        item.state = QUEUED
+        item.enqueued_at = now
+        item.in_batch = False
+        if self._batching and item.batchable:
+            heapq.heappush(self._bheap, entry)
+            if self._bqueued == 0:
+                self._window_open = now
+            self._bqueued += 1
+        else:
+            heapq.heappush(self._heap, entry)
+            self._queued += 1
+
+    def try_acquire(self, item: PolicyItem, now: float) -> bool:
+        """Grant a slot at once when nothing is queued and a slot is free.
+
+        The uncontended fast path: the item never enters the heap. Batchable
+        items (when batching is on) always go through `enqueue` and `plan`.
+
+        Args:
+            item: a new or retried item.
+            now: the current time, seconds.
+
+        Returns:
+            True when the item now holds a slot (state running).
+        """
+        if (
+            self._queued
+            or self._bqueued
+            or self._in_flight >= self._ilimit
+            or (item.batchable and self._batching)
+        ):
+            return False
+        if item.seq < 0:
+            item.seq = self._seq
+            self._seq += 1
+        item.enqueued_at = now
+        self._grant(item, now)
+        return True
+
+    def withdraw(self, item: PolicyItem) -> bool:
+        """Remove a queued item (its caller went away). Lazy: O(1).
+
+        Returns:
+            True when the item was queued; False when it was not (already
+            granted, finished or withdrawn), which is not an error.
+        """
+        if item.state != QUEUED:
+            return False
+        item.state = WITHDRAWN
+        self._dead += 1
+        if self._batching and item.batchable:
+            self._bqueued -= 1
+            if self._bqueued == 0:
+                self._window_open = None
+        else:
+            self._queued -= 1
+        if self._dead > 64 and self._dead > 2 * (self._queued + self._bqueued):
+            self._compact()
+        return True
+
+    def plan(self, now: float) -> Plan:
+        """Decide what goes on the wire now.
+
+        Fills free slots in priority order from the plain queue and, when the
+        batch window has closed (or a full batch is waiting), from the
+        batchable queue, whose head competes on the same priority key.
+
+        Args:
+            now: the current time, seconds.
+
+        Returns:
+            The items to dispatch (their state is now running), the batches,
+            and when to ask again if a batch window is still open.
+        """
+        plan = Plan()
+        free = self._ilimit - self._in_flight
+        ready = self._batch_ready(now, plan)
+        heap = self._heap
+        while free > 0:
+            e = self._peek(heap) if self._queued else None
+            be = self._peek(self._bheap) if ready else None
+            if e is None:
+                if be is None:
+                    break
+            elif be is None or e < be:
+                heapq.heappop(heap)
+                self._queued -= 1
+                item = e[2]
+                self._grant(item, now)
+                plan.dispatch.append(item)
+                free -= 1
+                continue
+            batch = self._take_batch(min(free, self._max_batch), now)
+            plan.batches.append(batch)
+            free -= len(batch)
+            ready = self._batch_ready(now, plan)
+        return plan
+
+    def on_complete(self, item: PolicyItem, outcome: Outcome, now: float) -> None:
+        """Release the slot of a running item and learn from how its call ended.
+
+        Args:
+            item: an item `plan` or `try_acquire` granted.
+            outcome: how the call ended (429/503 shrink the limit).
+            now: the current time, seconds.
+
+        Raises:
+            ValueError: the item holds no slot.
+        """
+        if item.state != RUNNING:
+            raise ValueError(f"{item!r} holds no slot")
+        self._account(now)
+        item.state = DONE
+        self._in_flight -= 1
+        sid = item.sibling_id
+        if sid is not None:
+            n = self._by_sibling[sid] - 1
+            if n:
+                self._by_sibling[sid] = n
+            else:
+                del self._by_sibling[sid]
+            if self._mode == "las":
+                attained = self._attained
+                service = attained.pop(sid, 0.0) + (now - item.dispatched_at)
+                attained[sid] = service  # re-inserted last: the dict is kept in LRU order
+                if len(attained) > _LAS_MEMORY:
+                    del attained[next(iter(attained))]
+        if outcome is Outcome.OK:
+            if (
+                self.policy.adaptive
+                and self._limit < self._base
+                and (self._queued or self._bqueued)
+            ):
+                # Recover towards the configured limit: ~+1 slot per window of completions.
+                self._set_limit(min(self._base, self._limit + 1.0 / self._limit))
+        elif outcome is Outcome.RATE_LIMITED or outcome is Outcome.OVERLOADED:
+            self._decrease(now)
+
+    def on_metrics(self, metrics: EngineMetrics, now: float) -> None:
+        """Adapt the limit to what the engine reports about its own load.
+
+        Rising `num_preemptions_total` shrinks the limit; an empty engine
+        queue (`num_requests_waiting == 0`) while ours is non-empty and every
+        slot is used grows it by `increase_step`, up to the hard cap.
+        """
+        self.latest_metrics = metrics
+        if not self.policy.adaptive:
+            return
+        pre = metrics.num_preemptions_total
+        last = self._last_preemptions
+        if pre is not None:
+            self._last_preemptions = pre
+            if last is not None and pre > last:
+                self._decrease(now)
+                return
+        waiting = metrics.num_requests_waiting
+        if (
+            waiting is not None
+            and waiting <= 0
+            and (self._queued or self._bqueued)
+            and self._in_flight >= self._ilimit
+        ):
+            self._set_limit(min(self._cap, self._limit + self.policy.increase_step))
+
+    def drain(self) -> list[PolicyItem]:
+        """Remove and return every queued item (the scheduler is closing or dead)."""
+        items = [e[2] for e in self._heap if e[2].state == QUEUED]
+        items += [e[2] for e in self._bheap if e[2].state == QUEUED]
+        items.sort(key=_seq_of)
+        for it in items:
+            it.state = WITHDRAWN
+        self._heap.clear()
+        self._bheap.clear()
+        self._queued = self._bqueued = self._dead = 0
+        self._window_open = None
+        return items
+
+    # -------------------------------------------------------------- internals
+
+    def _batch_ready(self, now: float, plan: Plan) -> bool:
+        if not self._bqueued:
+            plan.wake_at = None
+            return False
+        assert self._window_open is not None
+        close = self._window_open + self._window
+        if self._bqueued >= self._max_batch or now >= close:
+            plan.wake_at = None
+            return True
+        plan.wake_at = close
+        return False
+
+    def _take_batch(self, n: int, now: float) -> list[PolicyItem]:
+        batch: list[PolicyItem] = []
+        bheap = self._bheap
+        while len(batch) < n and self._bqueued:
+            item = self._peek(bheap)[2]
+            heapq.heappop(bheap)
+            self._bqueued -= 1
+            item.in_batch = True
+            self._grant(item, now)
+            batch.append(item)
+        if not self._bqueued:
+            self._window_open = None
+        return batch
+
+    def _grant(self, item: PolicyItem, now: float) -> None:
+        self._account(now)
+        item.state = RUNNING
+        item.dispatched_at = now
+        item.queued_s += now - item.enqueued_at
+        self._in_flight += 1
+        sid = item.sibling_id
+        if sid is not None:
+            by = self._by_sibling
+            by[sid] = by.get(sid, 0) + 1
+
+    def _peek(self, heap: list[tuple[float, int, PolicyItem]]) -> tuple[float, int, PolicyItem]:
+        # Callers only peek a heap whose live count is > 0, so a live entry exists.
+        while True:
+            e = heap[0]
+            if e[2].state == QUEUED and e[2].entry is e:
+                return e
+            heapq.heappop(heap)
+            self._dead -= 1
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if e[2].state == QUEUED and e[2].entry is e]
+        self._bheap = [e for e in self._bheap if e[2].state == QUEUED and e[2].entry is e]
+        heapq.heapify(self._heap)
+        heapq.heapify(self._bheap)
+        self._dead = 0
+
+    def _decrease(self, now: float) -> None:
+        if not self.policy.adaptive or now - self._last_decrease < self.policy.adapt_cooldown_s:
+            return
+        self._last_decrease = now
+        self._set_limit(max(self._floor, self._limit * self.policy.decrease_factor))
+
+    def _set_limit(self, value: float) -> None:
+        self._limit = value
+        self._ilimit = max(int(value), 1)
+
+    def _account(self, now: float) -> None:
+        t = self._util_t
+        if t is None:
+            self._util_t = self._util_t0 = now
+            return
+        if now > t:
+            self._util_area += (now - t) * min(1.0, self._in_flight / self._ilimit)
+            self._util_t = now
+
+
+def _seq_of(item: PolicyItem) -> int:
+    return item.seq

@@ -1,0 +1,681 @@
+"""`Scheduler`: the async driver around the pure `BatchPolicyCore`.
+
+Division of work (cheapest design that keeps cancellation exact):
+
+- The CALLER's task does the inference call itself. `submit` asks the
+  policy for a slot (at once when nothing is queued, else it parks on one
+  future that the runner resolves), then awaits `backend.chat` inside
+  try/except that always gives the slot back. Cancelling the caller
+  therefore cancels the HTTP request directly (the server aborts it), and
+  a queued caller that is cancelled withdraws its request.
+- The RUNNER task (one per scheduler, created lazily in the running loop)
+  only wakes when something may be dispatched: it asks the policy for a
+  plan, resolves the winners' futures, starts one task per batch
+  (`complete_batch`, which resolves every member's future), arms a timer
+  for open batch windows and polls engine metrics. It never polls in a loop.
+- Retries back off WITHOUT a slot; a streamed request that already
+  delivered chunks is never retried.
+- If the runner dies, every waiter and every later `submit` gets
+  `SchedulerDeadError` carrying the cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Self
+
+from langgraph_batch._context import SiblingInfo
+from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+from langgraph_batch.errors import (
+    BackendError,
+    BackendRateLimitError,
+    BackendServerError,
+    BatchTimeoutError,
+    SchedulerClosedError,
+    SchedulerDeadError,
+    SchedulerError,
+)
+from langgraph_batch.scheduler._policy import (
+    QUEUED,
+    RUNNING,
+    BatchPolicy,
+    BatchPolicyCore,
+    Outcome,
+    PolicyItem,
+)
+from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
+
+__all__ = ("Scheduler", "SchedulerState")
+
+logger = logging.getLogger(__name__)
+
+_CLEANUP_TIMEOUT_S = 5.0
+_names = itertools.count(1)
+
+
+class SchedulerState(enum.Enum):
+    """Where a `Scheduler` is in its lifecycle (like `httpx`'s `ClientState`).
+
+    Example:
+        ```python
+        s = Scheduler(backend)
+        assert s.state is SchedulerState.UNOPENED
+        async with s:
+            assert s.state is SchedulerState.OPENED
+        assert s.state is SchedulerState.CLOSED
+        ```
+    """
+
+    UNOPENED = 1
+    """Created; the runner starts on `__aenter__` or the first `submit`."""
+    OPENED = 2
+    """Running in its event loop."""
+    CLOSED = 3
+    """`aclose()` was called (or its event loop shut down); cannot be reopened."""
+    DEAD = 4
+    """The runner died; every request fails with `SchedulerDeadError`."""
+
+
+def _outcome_of(exc: BaseException) -> Outcome:
+    if isinstance(exc, asyncio.CancelledError):
+        return Outcome.CANCELLED
+    if isinstance(exc, BackendRateLimitError):
+        return Outcome.RATE_LIMITED
+    if isinstance(exc, BackendServerError) and exc.status_code == 503:
+        return Outcome.OVERLOADED
+    return Outcome.ERROR
+
+
+class Scheduler:
+    """Queues LLM requests of many callers and sends them to one backend.
+
+    At most `policy.max_inflight` requests (adaptive) are on the wire; the
+    rest wait in priority order (depth-first by default: callers further
+    along go first, FIFO among equals). Batchable requests may go out
+    together through `backend.complete_batch`. Retryable failures are
+    retried with jittered exponential backoff, without holding a slot.
+
+    A scheduler is bound to the event loop it first runs in. Several chat
+    models usually share one through `scheduler_for(...)` in
+    `langgraph_batch.scheduler.registry`.
+
+    Args:
+        backend: where requests go.
+        policy: queueing, batching and retry configuration.
+        name: a name for logs and the registry (default: `scheduler-<n>`).
+        owns_backend: close the backend in `aclose()`.
+
+    Example:
+        ```python
+        from langgraph_batch.scheduler import BatchPolicy, Scheduler
+
+        async with Scheduler(backend, policy=BatchPolicy(max_inflight=64)) as s:
+            resp = await s.submit(request, turn=2, sibling=current_sibling())
+            print(resp.content, s.stats().in_flight)
+        ```
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        policy: BatchPolicy | None = None,
+        name: str | None = None,
+        owns_backend: bool = False,
+    ) -> None:
+        self._backend = backend
+        self._policy = policy if policy is not None else BatchPolicy()
+        self.name = name if name is not None else f"scheduler-{next(_names)}"
+        self._owns_backend = owns_backend
+        caps = backend.capabilities
+        self._core = BatchPolicyCore(
+            self._policy, batching=caps.batch_completions, has_metrics=caps.metrics
+        )
+        self._stats = StatsRecorder(window=self._policy.stats_window)
+        self._state = SchedulerState.UNOPENED
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._batch_tasks: set[asyncio.Task[None]] = set()
+        self._dead_cause: BaseException | None = None
+        self._rng = random.Random()
+        self._priority_to_engine = caps.priority
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def backend(self) -> Backend:
+        """The backend requests go to."""
+        return self._backend
+
+    @property
+    def policy(self) -> BatchPolicy:
+        """The scheduling policy."""
+        return self._policy
+
+    @property
+    def state(self) -> SchedulerState:
+        """The lifecycle state."""
+        return self._state
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the scheduler runs in (None before it starts or after it ends)."""
+        return self._loop
+
+    @property
+    def latest_metrics(self) -> Any:
+        """The last `EngineMetrics` polled from the backend (None: none yet)."""
+        return self._core.latest_metrics
+
+    def inflight_by_sibling(self) -> dict[str, int]:
+        """Requests on the wire now, per sibling id (siblings with none are absent).
+
+        Example:
+            ```python
+            assert scheduler.inflight_by_sibling().get(info.sibling_id, 0) == 0
+            ```
+        """
+        return {str(k): v for k, v in self._core.inflight_by_sibling().items()}
+
+    def stats(self) -> SchedulerStats:
+        """A snapshot of load and history.
+
+        Example:
+            ```python
+            s = scheduler.stats()
+            print(s.queued, s.in_flight, s.max_inflight, s.latency_p95)
+            ```
+        """
+        core = self._core
+        rec = self._stats
+        qw = rec.percentiles(rec.queue_wait)
+        lat = rec.percentiles(rec.latency)
+        return SchedulerStats(
+            queued=core.queued,
+            in_flight=core.in_flight,
+            max_inflight=core.limit,
+            completed=rec.completed,
+            failed=rec.failed,
+            retries=rec.retries,
+            cancelled=rec.cancelled,
+            timed_out=rec.timed_out,
+            slot_utilisation=core.utilisation(time.monotonic()),
+            batches=rec.batches,
+            batch_size_mean=rec.batch_items / rec.batches if rec.batches else 0.0,
+            batch_size_max=rec.batch_max,
+            prompt_tokens=rec.prompt_tokens,
+            completion_tokens=rec.completion_tokens,
+            cached_tokens=rec.cached_tokens,
+            queue_wait_p50=qw[0],
+            queue_wait_p95=qw[1],
+            queue_wait_p99=qw[2],
+            latency_p50=lat[0],
+            latency_p95=lat[1],
+            latency_p99=lat[2],
+        )
+
+    def __repr__(self) -> str:
+        return f"<Scheduler {self.name!r} {self._state.name} backend={self._backend.key!r}>"
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Self:
+        if self._state is SchedulerState.UNOPENED:
+            self._start(asyncio.get_running_loop())
+        elif self._state is not SchedulerState.OPENED:
+            raise self._refusal()
+        else:
+            self._check_loop(asyncio.get_running_loop())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close: queued requests fail with `SchedulerClosedError`, the runner stops.
+
+        Requests already on the wire run to completion (their callers own
+        them); their retries are refused. Idempotent. A closed scheduler
+        cannot be reopened.
+
+        Example:
+            ```python
+            await scheduler.aclose()
+            assert scheduler.state is SchedulerState.CLOSED
+            ```
+        """
+        if self._state is SchedulerState.CLOSED:
+            return
+        was_dead = self._state is SchedulerState.DEAD
+        self._state = SchedulerState.CLOSED
+        if not was_dead:
+            self._fail_queued()
+        tasks = [t for t in (self._runner, *self._batch_tasks) if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await self._bounded(asyncio.gather(*tasks, return_exceptions=True), "stop tasks")
+        self._release_loop()
+        if self._owns_backend:
+            await self._bounded(self._backend.aclose(), "close backend")
+        logger.info("scheduler %r closed", self.name)
+
+    async def _bounded(self, aw: Any, what: str) -> None:
+        # Cleanup awaits are shielded (a cancelled closer still finishes them)
+        # and time-limited (a hung backend cannot hang the closer forever).
+        try:
+            async with asyncio.timeout(_CLEANUP_TIMEOUT_S):
+                await asyncio.shield(aw)
+        except TimeoutError:
+            logger.warning("scheduler %r: %s took over %s s", self.name, what, _CLEANUP_TIMEOUT_S)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._state = SchedulerState.OPENED
+        self._runner = loop.create_task(self._run(), name=f"langgraph-batch scheduler {self.name}")
+        logger.info("scheduler %r started (backend %s)", self.name, self._backend.key)
+
+    def _check_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            raise SchedulerError(
+                f"scheduler {self.name!r} runs in another event loop; a scheduler is bound "
+                "to the loop it first ran in. Use scheduler_for(...) from "
+                "langgraph_batch.scheduler.registry to get one per loop."
+            )
+
+    def _refusal(self) -> SchedulerError:
+        if self._state is SchedulerState.DEAD:
+            cause = self._dead_cause
+            err: SchedulerError = SchedulerDeadError(
+                f"scheduler {self.name!r} is dead: its runner failed with {cause!r}. "
+                "Create a new Scheduler (scheduler_for(...) replaces dead ones).",
+                cause=cause,
+            )
+            err.__cause__ = cause
+            return err
+        return SchedulerClosedError(
+            f"scheduler {self.name!r} is closed and cannot be reopened or take work; "
+            "create a new Scheduler (scheduler_for(...) replaces closed ones)."
+        )
+
+    def _fail_queued(self) -> None:
+        for item in self._core.drain():
+            fut = item.future
+            if fut is not None and not fut.done():
+                fut.set_exception(self._refusal())
+
+    def _release_loop(self) -> None:
+        # Drop every reference to the loop so that the registry's weak keys can go.
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._wake = None
+        self._runner = None
+        self._loop = None
+
+    def _die(self, exc: BaseException) -> None:
+        if self._state is not SchedulerState.OPENED:
+            return
+        self._state = SchedulerState.DEAD
+        self._dead_cause = exc
+        logger.error("scheduler %r runner died", self.name, exc_info=exc)
+        try:
+            self._fail_queued()
+        finally:
+            for t in self._batch_tasks:
+                t.cancel()
+
+    # ------------------------------------------------------------ submitting
+
+    async def submit(
+        self,
+        request: ChatRequest,
+        *,
+        turn: int | None = None,
+        sibling: SiblingInfo | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - part of the contract; covers retries too
+        on_chunk: Callable[[ChatChunk], None] | None = None,
+    ) -> ChatResponse:
+        """Queue a request, wait for a slot, run it (retrying), return the response.
+
+        Args:
+            request: the chat completion to run.
+            turn: LLM calls the caller has completed (default: `sibling.turn`, else 0).
+            sibling: the calling sibling (`current_sibling()`), for priority and stats.
+            max_retries: retries of retryable errors (default: the policy's).
+            timeout: seconds for queue wait + call + retries (default: the policy's).
+            on_chunk: called with every streamed delta (needs `request.stream`).
+
+        Returns:
+            The backend's response.
+
+        Raises:
+            BatchTimeoutError: `timeout` expired (says how long it was queued).
+            SchedulerClosedError: the scheduler is closed.
+            SchedulerDeadError: the scheduler's runner died.
+            BackendError: the call failed (non-retryable, or out of retries).
+            asyncio.CancelledError: the caller was cancelled (request withdrawn
+                or aborted), re-raised.
+
+        Example:
+            ```python
+            resp = await scheduler.submit(
+                ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}]),
+                turn=0,
+            )
+            ```
+        """
+        loop = asyncio.get_running_loop()
+        state = self._state
+        if state is not SchedulerState.OPENED:
+            if state is SchedulerState.UNOPENED:
+                self._start(loop)
+            else:
+                raise self._refusal()
+        elif loop is not self._loop:
+            self._check_loop(loop)
+        if timeout is None:
+            timeout = self._policy.timeout
+        elif not timeout > 0:
+            raise ValueError(f"timeout={timeout!r} must be > 0 seconds (or None)")
+        if max_retries is None:
+            max_retries = self._policy.max_retries
+        if sibling is not None:
+            item = PolicyItem(
+                turn=sibling.turn if turn is None else turn,
+                sibling_id=sibling.sibling_id,
+                group=sibling.group,
+                batchable=request.batchable,
+                payload=request,
+            )
+        else:
+            item = PolicyItem(turn=turn or 0, batchable=request.batchable, payload=request)
+        if self._priority_to_engine and request.priority == 0:
+            item.payload = request = replace(request, priority=self._engine_priority(item))
+        try:
+            if timeout is None:
+                return await self._execute(loop, item, request, max_retries, on_chunk)
+            cm = asyncio.timeout(timeout)
+            try:
+                async with cm:
+                    return await self._execute(loop, item, request, max_retries, on_chunk)
+            except TimeoutError as exc:
+                if not cm.expired():
+                    raise
+                self._stats.timed_out += 1
+                self._stats.failed += 1
+                raise BatchTimeoutError(
+                    f"request {request.request_id or '<no id>'} did not finish within "
+                    f"{timeout} s ({item.queued_s:.3f} s of it waiting for a slot). Raise "
+                    "`timeout`, or lower the load (fewer siblings, higher max_inflight).",
+                    timeout_s=timeout,
+                    queued_s=item.queued_s,
+                    request_id=request.request_id or None,
+                ) from exc
+        except asyncio.CancelledError:
+            self._stats.cancelled += 1
+            raise
+
+    def _engine_priority(self, item: PolicyItem) -> int:
+        mode = self._policy.priority
+        if mode == "depth_first":
+            return -item.turn
+        if mode == "las" and item.sibling_id is not None:
+            return int(self._core.attained_service(item.sibling_id) * 1000)
+        return 0
+
+    async def _execute(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        item: PolicyItem,
+        request: ChatRequest,
+        max_retries: int,
+        on_chunk: Callable[[ChatChunk], None] | None,
+    ) -> ChatResponse:
+        core = self._core
+        clock = time.monotonic
+        t0 = clock()
+        delivered = 0
+        cb = on_chunk
+        if on_chunk is not None and request.stream:
+
+            def cb(chunk: ChatChunk) -> None:
+                nonlocal delivered
+                delivered += 1
+                on_chunk(chunk)
+
+        attempt = 0
+        while True:
+            try:
+                now = clock()
+                if core.try_acquire(item, now):
+                    resp = await self._call(item, request, cb)
+                else:
+                    fut: asyncio.Future[ChatResponse | None] = loop.create_future()
+                    item.future = fut
+                    core.enqueue(item, now)
+                    if core.slots_free:
+                        self._kick()
+                    try:
+                        res = await fut
+                    except asyncio.CancelledError:
+                        self._abandon(item)
+                        raise
+                    resp = res if res is not None else await self._call(item, request, cb)
+            except Exception as exc:
+                if (
+                    attempt >= max_retries
+                    or not getattr(exc, "is_retryable", False)
+                    or delivered
+                    or isinstance(exc, SchedulerError)
+                    or self._state is not SchedulerState.OPENED
+                ):
+                    self._stats.failed += 1
+                    raise
+                attempt += 1
+                self._stats.retries += 1
+                delay = self._backoff(attempt, exc)
+                logger.debug(
+                    "scheduler %r: retry %d of %s in %.3f s after %r",
+                    self.name,
+                    attempt,
+                    request.request_id,
+                    delay,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+                if self._state is not SchedulerState.OPENED:
+                    raise self._refusal() from exc
+                continue
+            self._stats.record_success(
+                queue_wait=item.queued_s, latency=clock() - t0, usage=resp.usage
+            )
+            return resp
+
+    def _backoff(self, attempt: int, exc: BaseException) -> float:
+        p = self._policy
+        ceiling = min(p.backoff_max_s, p.backoff_base_s * (2 ** (attempt - 1)))
+        delay = self._rng.uniform(0.0, ceiling)
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None and retry_after > delay:
+            delay = float(retry_after)
+        return delay
+
+    async def _call(
+        self,
+        item: PolicyItem,
+        request: ChatRequest,
+        cb: Callable[[ChatChunk], None] | None,
+    ) -> ChatResponse:
+        try:
+            resp = await self._backend.chat(request, on_chunk=cb)
+        except BaseException as exc:
+            self._release(item, _outcome_of(exc))
+            raise
+        self._release(item, Outcome.OK)
+        return resp
+
+    def _release(self, item: PolicyItem, outcome: Outcome) -> None:
+        if self._state is SchedulerState.DEAD or item.state != RUNNING:
+            return
+        core = self._core
+        core.on_complete(item, outcome, time.monotonic())
+        if core.queued:
+            self._kick()
+
+    def _abandon(self, item: PolicyItem) -> None:
+        # The caller was cancelled while parked on its future.
+        if item.state == QUEUED:
+            item.queued_s += time.monotonic() - item.enqueued_at
+            self._core.withdraw(item)
+        elif item.state == RUNNING and not item.in_batch:
+            # Granted but never started: give the slot straight back.
+            self._release(item, Outcome.CANCELLED)
+
+    # ---------------------------------------------------------------- runner
+
+    def _kick(self) -> None:
+        f = self._wake
+        if f is not None:
+            self._wake = None
+            if not f.done():
+                f.set_result(None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        core = self._core
+        clock = time.monotonic
+        poller = None
+        if self._backend.capabilities.metrics:
+            poller = loop.create_task(
+                self._poll_metrics(), name=f"langgraph-batch metrics {self.name}"
+            )
+        try:
+            while True:
+                now = clock()
+                plan = core.plan(now)
+                again = False
+                for item in plan.dispatch:
+                    fut = item.future
+                    if fut.done():
+                        # Its caller was cancelled after the plan was made.
+                        core.on_complete(item, Outcome.CANCELLED, now)
+                        again = True
+                    else:
+                        fut.set_result(None)
+                for batch in plan.batches:
+                    live = []
+                    for item in batch:
+                        if item.future.done():
+                            core.on_complete(item, Outcome.CANCELLED, now)
+                            again = True
+                        else:
+                            live.append(item)
+                    if live:
+                        self._stats.record_batch(len(live))
+                        task = loop.create_task(self._run_batch(live))
+                        self._batch_tasks.add(task)
+                        task.add_done_callback(self._batch_tasks.discard)
+                if plan.wake_at != self._timer_at:
+                    if self._timer is not None:
+                        self._timer.cancel()
+                        self._timer = None
+                    self._timer_at = plan.wake_at
+                    if plan.wake_at is not None:
+                        self._timer = loop.call_later(
+                            max(0.0, plan.wake_at - now), self._timer_fired
+                        )
+                if again:
+                    continue
+                wake = self._wake = loop.create_future()
+                await wake
+        except asyncio.CancelledError:
+            if self._state is SchedulerState.OPENED:
+                # Cancelled from outside (the loop is shutting down): behave as closed.
+                self._state = SchedulerState.CLOSED
+                self._fail_queued()
+                for t in self._batch_tasks:
+                    t.cancel()
+                self._release_loop()
+            raise
+        except BaseException as exc:  # the runner must never die silently
+            self._die(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if poller is not None:
+                poller.cancel()
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._kick()
+
+    async def _run_batch(self, batch: list[PolicyItem]) -> None:
+        requests = [item.payload for item in batch]
+        try:
+            results = await self._backend.complete_batch(requests)
+            if len(results) != len(batch):
+                raise BackendError(
+                    f"complete_batch returned {len(results)} responses for {len(batch)} "
+                    f"requests ({type(self._backend).__name__} breaks the Backend contract)"
+                )
+        except asyncio.CancelledError:
+            # The scheduler is closing or dead: members get its refusal.
+            for item in batch:
+                self._release(item, Outcome.CANCELLED)
+                if not item.future.done():
+                    item.future.set_exception(self._refusal())
+            raise
+        except Exception as exc:
+            outcome = _outcome_of(exc)
+            for item in batch:
+                self._release(item, outcome)
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        for item, resp in zip(batch, results, strict=True):
+            self._release(item, Outcome.OK)
+            if not item.future.done():
+                item.future.set_result(resp)
+
+    async def _poll_metrics(self) -> None:
+        interval = self._policy.metrics_interval_s
+        backend = self._backend
+        core = self._core
+        while True:
+            try:
+                metrics = await backend.metrics()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.debug("scheduler %r: metrics poll failed: %r", self.name, exc)
+                metrics = None
+            if metrics is not None:
+                try:
+                    core.on_metrics(metrics, time.monotonic())
+                except Exception as exc:
+                    self._die(exc)
+                    if self._runner is not None:
+                        self._runner.cancel()
+                    return
+                if core.queued and core.slots_free:
+                    self._kick()
+            await asyncio.sleep(interval)
