@@ -1,7 +1,20 @@
-"""Backends: how requests reach an inference server (OpenAI-compatible, vLLM, SGLang)."""
+"""Backends: how requests reach an inference server (OpenAI-compatible, vLLM, SGLang).
+
+Example:
+    ```python
+    from langgraph_batch.backends import ChatRequest, backend_from_url
+
+    async with backend_from_url("vllm://127.0.0.1:8000") as backend:
+        resp = await backend.chat(
+            ChatRequest(model="llama", messages=[{"role": "user", "content": "hi"}])
+        )
+    ```
+"""
 
 from __future__ import annotations
 
+from langgraph_batch.backends._factory import backend_from_url
+from langgraph_batch.backends._http import make_request_id
 from langgraph_batch.backends.base import (
     Backend,
     BackendCapabilities,
@@ -14,6 +27,9 @@ from langgraph_batch.backends.base import (
     ToolCallChunk,
     Usage,
 )
+from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
+from langgraph_batch.backends.sglang import SGLangBackend
+from langgraph_batch.backends.vllm import VLLMBackend
 
 __all__ = (
     "Backend",
@@ -23,7 +39,12 @@ __all__ = (
     "ChatResponse",
     "EngineMetrics",
     "ModelInfo",
+    "OpenAICompatibleBackend",
+    "SGLangBackend",
     "ToolCall",
     "ToolCallChunk",
     "Usage",
+    "VLLMBackend",
+    "backend_from_url",
+    "make_request_id",
 )

@@ -147,6 +147,8 @@ class EngineMetrics:
     """block_size * num_gpu_blocks from `vllm:cache_config_info` (SGLang: max_total_num_tokens)."""
     block_size: int | None = None
     prefix_caching: bool | None = None
+    cache_hit_rate: float | None = None
+    """Prefix-cache hit rate 0..1 (vLLM: hits/queries since start; SGLang: its gauge)."""
 
 
 @dataclass(**_DC_KWARGS)

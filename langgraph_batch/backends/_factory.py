@@ -1,0 +1,68 @@
+"""`backend_from_url`: one string picks the backend class and its endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph_batch.backends.base import Backend
+from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
+from langgraph_batch.backends.sglang import SGLangBackend
+from langgraph_batch.backends.vllm import VLLMBackend
+
+__all__ = ("backend_from_url",)
+
+_ACCEPTED = (
+    "http://host:port[/v1] or https://host[/v1] (any OpenAI-compatible server), "
+    "openai://host (OpenAI-compatible over https), vllm://host:port, sglang://host:port"
+)
+
+_SCHEMES: dict[str, tuple[type[OpenAICompatibleBackend], str]] = {
+    "http": (OpenAICompatibleBackend, "http"),
+    "https": (OpenAICompatibleBackend, "https"),
+    "openai": (OpenAICompatibleBackend, "https"),
+    "vllm": (VLLMBackend, "http"),
+    "vllm+http": (VLLMBackend, "http"),
+    "vllm+https": (VLLMBackend, "https"),
+    "sglang": (SGLangBackend, "http"),
+    "sglang+http": (SGLangBackend, "http"),
+    "sglang+https": (SGLangBackend, "https"),
+}
+
+
+def backend_from_url(
+    url: str, *, api_key: str | None = None, timeout: float | None = 60.0, **options: Any
+) -> Backend:
+    """Build the backend a URL names.
+
+    Example:
+        ```python
+        backend_from_url("vllm://127.0.0.1:8000")        # VLLMBackend(http://127.0.0.1:8000)
+        backend_from_url("http://127.0.0.1:8000/v1")     # OpenAICompatibleBackend
+        backend_from_url("sglang://gpu1:30000", priority_scheduling=True)
+        backend_from_url("openai://api.openai.com", api_key="sk-...")
+        ```
+
+    Args:
+        url: `http(s)://host:port[/v1]`, `openai://host`, `vllm://host:port` or
+            `sglang://host:port` (`vllm+https://` and `sglang+https://` for TLS).
+        api_key: sent as a Bearer token.
+        timeout: read timeout per call, seconds.
+        **options: passed to the backend class (e.g. `priority_scheduling=True`).
+
+    Returns:
+        An `OpenAICompatibleBackend`, `VLLMBackend` or `SGLangBackend`.
+
+    Raises:
+        ValueError: the URL has no host or an unknown scheme.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(f"backend URL {url!r} has no scheme; use one of: {_ACCEPTED}")
+    scheme, _, rest = url.partition("://")
+    entry = _SCHEMES.get(scheme.lower())
+    if entry is None:
+        raise ValueError(f"unsupported backend URL {url!r}; use one of: {_ACCEPTED}")
+    rest = rest.strip().rstrip("/")
+    if not rest or rest.startswith("/"):
+        raise ValueError(f"backend URL {url!r} has no host; use one of: {_ACCEPTED}")
+    cls, http_scheme = entry
+    return cls(f"{http_scheme}://{rest}", api_key=api_key, timeout=timeout, **options)

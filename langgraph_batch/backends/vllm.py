@@ -1,0 +1,341 @@
+"""`VLLMBackend`: the OpenAI-compatible backend plus what vLLM adds.
+
+- `request_id` in the body and `X-Request-Id` (vLLM names its response
+  `chatcmpl-<request_id>` and logs it).
+- `priority` (lower runs sooner, our convention too), sent only with
+  `priority_scheduling=True`: vLLM honours it only under
+  `--scheduling-policy priority` and ignores it under the default `fcfs`.
+- `/metrics` (load, KV usage, KV capacity from `vllm:cache_config_info`).
+- `complete_batch`: chat requests go out as one `/v1/chat/completions/batch`
+  call (vLLM >= 0.20; chat templating stays the server's), raw prompts as one
+  `/v1/completions` list-prompt call. On a server without the batch endpoint
+  (404) the backend remembers it and sends the requests one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from langgraph_batch.backends._http import is_route_not_found
+from langgraph_batch.backends._prometheus import parse_prometheus
+from langgraph_batch.backends._sse import parse_usage
+from langgraph_batch.backends.base import (
+    BackendCapabilities,
+    ChatRequest,
+    ChatResponse,
+    EngineMetrics,
+)
+from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend, dumps
+from langgraph_batch.errors import BackendServerError
+
+__all__ = ("VLLMBackend", "gather_in_order", "is_single_choice", "parse_vllm_metrics")
+
+logger = logging.getLogger(__name__)
+
+MAX_PROMPTS_PER_CALL = 1024
+"""vLLM accepts at most 1024 prompts in one `/v1/completions` call."""
+
+_GUIDED = frozenset({"guided_json", "guided_regex", "guided_choice", "guided_grammar"})
+
+_VLLM_METRICS = frozenset(
+    {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:cache_config_info",
+    }
+)
+
+
+def is_single_choice(request: ChatRequest) -> bool:
+    """True when a request may share an HTTP call with others (no stream, tools or n>1)."""
+    params = request.params
+    return not request.stream and "tools" not in params and params.get("n", 1) == 1
+
+
+async def gather_in_order(coros: Sequence[Any]) -> list[Any]:
+    """Run coroutines concurrently; return their results in order or raise the first error.
+
+    Unlike `TaskGroup`, a failure does not become an `ExceptionGroup` (backends
+    raise only `BackendError`s), and the other calls are allowed to finish.
+    """
+    if len(coros) == 1:
+        return [await coros[0]]
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)
+
+
+def _int_label(labels: dict[str, str], name: str) -> int | None:
+    try:
+        return int(labels[name])
+    except (KeyError, ValueError):
+        return None
+
+
+class VLLMBackend(OpenAICompatibleBackend):
+    """A vLLM OpenAI-compatible server (`vllm serve`).
+
+    Example:
+        ```python
+        backend = VLLMBackend("http://127.0.0.1:8000", priority_scheduling=True)
+        ```
+
+    Args:
+        base_url: the server, with or without the trailing `/v1`.
+        priority_scheduling: the server runs with `--scheduling-policy priority`;
+            send each request's `priority` (lower runs sooner).
+        **kwargs: `OpenAICompatibleBackend` options (api_key, timeout, ...).
+    """
+
+    def __init__(self, base_url: str, *, priority_scheduling: bool = False, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self.priority_scheduling = priority_scheduling
+        self.capabilities = BackendCapabilities(
+            priority=priority_scheduling, metrics=True, batch_completions=True, flavor="vllm"
+        )
+        self._chat_batch_url = httpx.URL(self.base_url + "/v1/chat/completions/batch")
+        self._metrics_url = httpx.URL(self.base_url + "/metrics")
+        self._chat_batch_supported: bool | None = None
+
+    def _extend_body(self, body: dict[str, Any], request: ChatRequest) -> None:
+        if request.request_id:
+            body["request_id"] = request.request_id
+        if self.priority_scheduling:
+            body["priority"] = request.priority
+        if not _GUIDED.isdisjoint(body):
+            _translate_guided(body)
+
+    def _request_headers(self, request: ChatRequest) -> dict[str, str] | None:
+        rid = request.request_id
+        return {"X-Request-Id": rid} if rid else None
+
+    # ------------------------------------------------------------------ batching
+
+    async def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """Send many non-streaming, tool-free requests in as few HTTP calls as possible.
+
+        Requests that share model, parameters and priority go together: chat
+        requests as one `/v1/chat/completions/batch` call, raw prompts
+        (`params["prompt"]`) as one `/v1/completions` list-prompt call. The rest
+        (streaming, tools, n > 1, or a server without the batch endpoint) run
+        one by one, concurrently. Results come back in input order.
+
+        The server reports usage only for the whole call, so batched responses
+        carry `usage=None`.
+
+        Raises:
+            BackendError: the first failure; a failed call fails the whole batch.
+        """
+        self._check_open()
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        singles: list[int] = []
+        for i, request in enumerate(requests):
+            key = self._group_key(request)
+            if key is None:
+                singles.append(i)
+            else:
+                groups.setdefault(key, []).append(i)
+        jobs: list[tuple[list[int], Any]] = []
+        for key, members in groups.items():
+            if len(members) == 1:
+                singles.extend(members)
+                continue
+            for start in range(0, len(members), MAX_PROMPTS_PER_CALL):
+                part = members[start : start + MAX_PROMPTS_PER_CALL]
+                batch = [requests[i] for i in part]
+                call = self._prompt_batch(batch) if key[0] == "prompt" else self._chat_batch(batch)
+                jobs.append((part, call))
+        jobs.extend(([i], self._one(requests[i])) for i in singles)
+        results: list[ChatResponse | None] = [None] * len(requests)
+        outcomes = await gather_in_order([call for _, call in jobs])
+        for (members, _), responses in zip(jobs, outcomes, strict=True):
+            for i, response in zip(members, responses, strict=True):
+                results[i] = response
+        return [r for r in results if r is not None]
+
+    async def _one(self, request: ChatRequest) -> list[ChatResponse]:
+        return [await self.chat(request)]
+
+    def _group_key(self, request: ChatRequest) -> tuple[Any, ...] | None:
+        if not is_single_choice(request):
+            return None
+        params = dict(request.params)
+        prompt = params.pop("prompt", None)
+        priority = request.priority if self.priority_scheduling else 0
+        if prompt is not None:
+            if isinstance(prompt, str):
+                kind = "prompt-text"
+            elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
+                kind = "prompt-ids"
+            else:  # already a list of prompts: send as it is
+                return None
+            return ("prompt", kind, request.model, dumps(params), priority)
+        if self._chat_batch_supported is False:
+            return None
+        return ("chat", request.model, dumps(params), priority)
+
+    def _batch_request(self, batch: Sequence[ChatRequest]) -> ChatRequest:
+        """A stand-in request for the shared part of a batch (model, params, id, timeout)."""
+        first = batch[0]
+        timeouts = [r.timeout for r in batch]
+        return ChatRequest(
+            model=first.model,
+            messages=(),
+            params={},
+            request_id=first.request_id,
+            priority=first.priority,
+            timeout=None if None in timeouts else max(t for t in timeouts if t is not None),
+        )
+
+    async def _chat_batch(self, batch: Sequence[ChatRequest]) -> list[ChatResponse]:
+        shared = self._batch_request(batch)
+        body: dict[str, Any] = {"model": shared.model}
+        body.update(batch[0].params)
+        body["messages"] = [r.messages for r in batch]
+        body.pop("stream", None)
+        self._extend_body(body, shared)
+        response = await self._send(self._chat_batch_url, dumps(body), shared)
+        if response.status_code >= 400:
+            if is_route_not_found(response.status_code, response.content):
+                if self._chat_batch_supported is None:
+                    logger.info(
+                        "%s has no /v1/chat/completions/batch (vLLM < 0.20?): "
+                        "sending batched chat requests one by one",
+                        self.base_url,
+                    )
+                self._chat_batch_supported = False
+                return await gather_in_order([self.chat(r) for r in batch])
+            raise await self._error(response, self._chat_batch_url, shared)
+        self._chat_batch_supported = True
+        data = self._decode(response, self._chat_batch_url, shared)
+        return self._split_choices(data, batch, message_key="message")
+
+    async def _prompt_batch(self, batch: Sequence[ChatRequest]) -> list[ChatResponse]:
+        shared = self._batch_request(batch)
+        body: dict[str, Any] = {"model": shared.model}
+        body.update(batch[0].params)
+        body["prompt"] = [r.params["prompt"] for r in batch]
+        body.pop("stream", None)
+        self._extend_body(body, shared)
+        data = await self._post_json(self._completions_url, dumps(body), shared)
+        return self._split_choices(data, batch, message_key=None)
+
+    def _split_choices(
+        self, data: Any, batch: Sequence[ChatRequest], *, message_key: str | None
+    ) -> list[ChatResponse]:
+        try:
+            choices = sorted(data["choices"], key=lambda c: c["index"])
+            if len(choices) != len(batch):
+                raise ValueError(f"{len(choices)} choices for {len(batch)} prompts")
+            base_id = data.get("id") or batch[0].request_id
+            model = data.get("model") or batch[0].model
+            responses = []
+            for i, (choice, request) in enumerate(zip(choices, batch, strict=True)):
+                if message_key is None:
+                    content = choice.get("text")
+                else:
+                    content = (choice.get(message_key) or {}).get("content")
+                responses.append(
+                    ChatResponse(
+                        id=f"{base_id}_{i}",
+                        model=model,
+                        content=content,
+                        finish_reason=choice.get("finish_reason"),
+                        usage=parse_usage(data.get("usage")) if len(batch) == 1 else None,
+                        request_id=request.request_id,
+                    )
+                )
+            return responses
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BackendServerError(
+                f"malformed batch completion from {self.base_url}: {exc}",
+                url=self.base_url,
+            ) from exc
+
+    # ------------------------------------------------------------------ metrics
+
+    async def metrics(self) -> EngineMetrics | None:
+        """Load figures from `/metrics` (sums over engines; KV usage is their mean).
+
+        Raises:
+            BackendError: the server could not be reached or `/metrics` failed.
+        """
+        response = await self._get(self._metrics_url)
+        if response.status_code >= 400:
+            raise await self._error(response, self._metrics_url, None)
+        return parse_vllm_metrics(response.text)
+
+
+def parse_vllm_metrics(text: str) -> EngineMetrics:
+    """`EngineMetrics` from vLLM's Prometheus text."""
+    s = parse_prometheus(text, names=_VLLM_METRICS)
+    block_size = None
+    capacity = 0
+    prefix_caching = None
+    seen_engines: set[str] = set()
+    for labels, _ in s.get("vllm:cache_config_info"):
+        engine = labels.get("engine", "")
+        if engine in seen_engines:
+            continue
+        seen_engines.add(engine)
+        size = _int_label(labels, "block_size")
+        blocks = _int_label(labels, "num_gpu_blocks")
+        if size is not None:
+            block_size = size
+        if size is not None and blocks is not None:
+            capacity += size * blocks
+        flag = labels.get("enable_prefix_caching")
+        if flag is not None:
+            prefix_caching = flag.lower() == "true"
+    queries = s.sum("vllm:prefix_cache_queries_total")
+    hits = s.sum("vllm:prefix_cache_hits_total")
+    return EngineMetrics(
+        num_requests_running=s.sum("vllm:num_requests_running"),
+        num_requests_waiting=s.sum("vllm:num_requests_waiting"),
+        kv_cache_usage=s.mean("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        num_preemptions_total=s.sum("vllm:num_preemptions_total"),
+        prefix_cache_queries_total=queries,
+        prefix_cache_hits_total=hits,
+        prompt_tokens_total=s.sum("vllm:prompt_tokens_total"),
+        generation_tokens_total=s.sum("vllm:generation_tokens_total"),
+        kv_capacity_tokens=capacity or None,
+        block_size=block_size,
+        prefix_caching=prefix_caching,
+        cache_hit_rate=(hits / queries) if queries and hits is not None else None,
+    )
+
+
+def _translate_guided(body: dict[str, Any]) -> None:
+    """Rewrite removed `guided_*` fields (silently ignored by current vLLM) to their successors."""
+    schema = body.pop("guided_json", None)
+    if schema is not None and "response_format" not in body:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema},
+        }
+    structured: dict[str, Any] = {}
+    for old, new in (
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
+        value = body.pop(old, None)
+        if value is not None:
+            structured[new] = value
+    if structured and "structured_outputs" not in body:
+        body["structured_outputs"] = structured
+    logger.debug("translated guided_* fields to response_format/structured_outputs")
