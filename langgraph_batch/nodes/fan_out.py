@@ -234,6 +234,89 @@ def _default_input(item: Any, index: int) -> Any:
     return item
 
 
+@dataclass(slots=True, kw_only=True)
+class _Spec:
+    """The options of one FanOutNode, and what the node functions do with them.
+
+    Deliberately not a Runnable: LangGraph searches node functions' closures
+    for compiled graphs (xray), and a Runnable here would be searched first.
+    """
+
+    name: str
+    items: str | Callable[[Any], Sequence[Any]]
+    into: str
+    make_input: Callable[[Any, int], Any] | None
+    result: Callable[[Any], Any] | None
+    on_error: Literal["collect", "raise"]
+    max_active: int | None
+    scheduler: Any
+    sibling_tokens: int
+
+    def resolve_items(self, state: Any) -> list[Any]:
+        if callable(self.items):
+            seq = self.items(state)
+        else:
+            try:
+                seq = state[self.items]
+            except (KeyError, TypeError):
+                raise KeyError(
+                    f"fan_out {self.name!r}: the state has no key {self.items!r} to read "
+                    f"items from; pass items= the right key or a callable(state)"
+                ) from None
+        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence | set | frozenset):
+            raise TypeError(
+                f"fan_out {self.name!r}: items must be a sequence, got {type(seq).__name__}"
+            )
+        items = list(seq)
+        if self.make_input is None:
+            for i, item in enumerate(items):
+                if not isinstance(item, Mapping):
+                    raise TypeError(
+                        f"fan_out {self.name!r}: item {i} is a {type(item).__name__}, not a "
+                        f"mapping; pass make_input=lambda item, index: {{...}} to build each "
+                        f"sibling's input"
+                    )
+        return items
+
+    def resolve_scheduler(self) -> Any:
+        sched = self.scheduler
+        if isinstance(sched, str):
+            try:
+                # Imported by name: the scheduler package is optional at this layer.
+                registry = importlib.import_module("langgraph_batch.scheduler.registry")
+            except ImportError:
+                return None
+            try:
+                return registry.get_scheduler(sched)
+            except Exception:
+                logger.debug("fan_out: no scheduler named %s", sched, exc_info=True)
+                return None
+        return sched
+
+    def resolve_max_active(self, scheduler: Any) -> int | None:
+        if self.max_active is not None:
+            return self.max_active
+        metrics = getattr(scheduler, "latest_metrics", None)
+        capacity = getattr(metrics, "kv_capacity_tokens", None)
+        if isinstance(capacity, int) and capacity > 0:
+            return max(1, capacity // self.sibling_tokens)
+        return None
+
+    def collect(self, run: _FanOutRun, records: Sequence[Sequence[Any]]) -> list[Any]:
+        by_index: dict[int, Any] = {}
+        for rec in records:
+            index, kind, value = int(rec[0]), rec[1], rec[2]
+            by_index[index] = SiblingError.from_dict(value) if kind == _ERR else value
+        missing = [i for i in range(run.total) if i not in by_index]
+        if missing:
+            # Cannot happen unless the checkpoint was edited: say so clearly.
+            raise RuntimeError(
+                f"fan_out {self.name!r}: no result for siblings {missing[:10]} "
+                f"(of {run.total}); the inner checkpoint is inconsistent"
+            )
+        return [by_index[i] for i in range(run.total)]
+
+
 class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
     """The node `fan_out` returns: add it with `StateGraph.add_node(name, node)`.
 
@@ -272,95 +355,37 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
         if sibling_tokens < 1:
             raise ValueError(f"sibling_tokens must be >= 1, got {sibling_tokens!r}")
-        self.subgraph = subgraph
-        self.items = items
-        self.into = into
-        self.make_input = make_input
-        self.result = result
-        self.on_error = on_error
-        self.max_active = max_active
-        self.scheduler = scheduler
-        self.sibling_tokens = sibling_tokens
-        self.graph = _build_inner(self, subgraph)
         node_name = name or f"fan_out[{getattr(subgraph, 'name', None) or 'subgraph'}]"
-        super().__init__(_build_runner(self, self.graph), name=node_name)
+        self.subgraph = subgraph
+        self.spec = _Spec(
+            name=node_name,
+            items=items,
+            into=into,
+            make_input=make_input,
+            result=result,
+            on_error=on_error,
+            max_active=max_active,
+            scheduler=scheduler,
+            sibling_tokens=sibling_tokens,
+        )
+        self.graph = _build_inner(self.spec, subgraph)
+        super().__init__(_build_runner(self.spec, self.graph), name=node_name)
 
-    # -- pieces the closures call -------------------------------------------------
-
-    def _resolve_items(self, state: Any) -> list[Any]:
-        if callable(self.items):
-            seq = self.items(state)
-        else:
-            try:
-                seq = state[self.items]
-            except (KeyError, TypeError):
-                raise KeyError(
-                    f"fan_out {self.name!r}: the state has no key {self.items!r} to read "
-                    f"items from; pass items= the right key or a callable(state)"
-                ) from None
-        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence | set | frozenset):
-            raise TypeError(
-                f"fan_out {self.name!r}: items must be a sequence, got {type(seq).__name__}"
-            )
-        items = list(seq)
-        if self.make_input is None:
-            for i, item in enumerate(items):
-                if not isinstance(item, Mapping):
-                    raise TypeError(
-                        f"fan_out {self.name!r}: item {i} is a {type(item).__name__}, not a "
-                        f"mapping; pass make_input=lambda item, index: {{...}} to build each "
-                        f"sibling's input"
-                    )
-        return items
-
-    def _resolve_scheduler(self) -> Any:
-        sched = self.scheduler
-        if isinstance(sched, str):
-            try:
-                # Imported by name: the scheduler package is optional at this layer.
-                registry = importlib.import_module("langgraph_batch.scheduler.registry")
-            except ImportError:
-                return None
-            try:
-                return registry.get_scheduler(sched)
-            except Exception:
-                logger.debug("fan_out: no scheduler named %s", sched, exc_info=True)
-                return None
-        return sched
-
-    def _resolve_max_active(self, scheduler: Any) -> int | None:
-        if self.max_active is not None:
-            return self.max_active
-        metrics = getattr(scheduler, "latest_metrics", None)
-        capacity = getattr(metrics, "kv_capacity_tokens", None)
-        if isinstance(capacity, int) and capacity > 0:
-            return max(1, capacity // self.sibling_tokens)
-        return None
-
-    def _collect(self, run: _FanOutRun, records: Sequence[Sequence[Any]]) -> list[Any]:
-        by_index: dict[int, Any] = {}
-        for rec in records:
-            index, kind, value = int(rec[0]), rec[1], rec[2]
-            by_index[index] = SiblingError.from_dict(value) if kind == _ERR else value
-        missing = [i for i in range(run.total) if i not in by_index]
-        if missing:
-            # Cannot happen unless the checkpoint was edited: say so clearly.
-            raise RuntimeError(
-                f"fan_out {self.name!r}: no result for siblings {missing[:10]} "
-                f"(of {run.total}); the inner checkpoint is inconsistent"
-            )
-        return [by_index[i] for i in range(run.total)]
+    @property
+    def into(self) -> str:
+        """The state key that receives the results."""
+        return self.spec.into
 
 
-def _build_runner(node: FanOutNode, inner: Any) -> Callable[..., Any]:
+def _build_runner(spec: _Spec, inner: Any) -> Callable[..., Any]:
     """The parent-graph node function (a closure over `inner`, so xray finds it)."""
 
     async def run_fan_out(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        items = node._resolve_items(state)
-        scheduler = node._resolve_scheduler()
-        admission = SiblingAdmission(max_active=node._resolve_max_active(scheduler))
+        items = spec.resolve_items(state)
+        scheduler = spec.resolve_scheduler()
+        admission = SiblingAdmission(max_active=spec.resolve_max_active(scheduler))
         run = _FanOutRun(
-            node=str(node.name),
+            node=str(spec.name),
             group=_group_id(config),
             total=len(items),
             admission=admission,
@@ -370,28 +395,28 @@ def _build_runner(node: FanOutNode, inner: Any) -> Callable[..., Any]:
         run.emit("started", max_active=admission.max_active)
         if not items:
             run.emit("done")
-            return {node.into: []}
+            return {spec.into: []}
         child = merge_configs(config, {"configurable": {_RUN_KEY: run}})
         out = await inner.ainvoke({"items": items}, child)
-        results = node._collect(run, out.get("results") or [])
+        results = spec.collect(run, out.get("results") or [])
         errors = [r for r in results if isinstance(r, SiblingError)]
         run.done, run.failed = len(results), len(errors)
         run.emit("done", peak_active=admission.stats().peak_active)
-        if errors and node.on_error == "raise":
+        if errors and spec.on_error == "raise":
             first = errors[0]
             raise SiblingFailedError(
-                f"fan_out {node.name!r}: {len(errors)} of {len(results)} siblings failed "
+                f"fan_out {spec.name!r}: {len(errors)} of {len(results)} siblings failed "
                 f"(first: sibling {first.index}: {first.error_type}: {first.message}); "
                 f"use on_error='collect' to get SiblingError results instead",
                 errors=errors,
                 results=results,
             )
-        return {node.into: results}
+        return {spec.into: results}
 
     return run_fan_out
 
 
-def _build_inner(node: FanOutNode, subgraph: Any) -> Any:
+def _build_inner(spec: _Spec, subgraph: Any) -> Any:
     """The inner graph: one Send task per item, each running `subgraph` (a closure variable)."""
 
     def dispatch(state: _InnerState) -> list[Send]:
@@ -413,7 +438,7 @@ def _build_inner(node: FanOutNode, subgraph: Any) -> Any:
                 "metadata": {"lgb_sibling_group": run.group, "lgb_sibling_index": index},
             },
         )
-        make_input = node.make_input or _default_input
+        make_input = spec.make_input or _default_input
         try:
             sibling_input = make_input(item, index)
             with sibling_scope(info):
@@ -423,7 +448,7 @@ def _build_inner(node: FanOutNode, subgraph: Any) -> Any:
                     final = await subgraph.ainvoke(sibling_input, child)
                 finally:
                     run.admission.release(info)
-            value = node.result(final) if node.result is not None else final
+            value = spec.result(final) if spec.result is not None else final
         except GraphBubbleUp:
             raise
         except Exception as exc:
