@@ -54,6 +54,8 @@ from langgraph_batch._structured import (
     to_response_format,
 )
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+from langgraph_batch.scheduler import BatchPolicy, Scheduler
+from langgraph_batch.scheduler.registry import scheduler_for
 
 __all__ = ("BatchedChatModel",)
 
@@ -183,8 +185,6 @@ class BatchedChatModel(BaseChatModel):
     @model_validator(mode="after")
     def _check_scheduler(self) -> Self:
         if self.scheduler is not None and not isinstance(self.scheduler, str):
-            from langgraph_batch.scheduler import Scheduler
-
             if not isinstance(self.scheduler, Scheduler):
                 msg = (
                     f"scheduler must be a Scheduler, a registered scheduler name or None, "
@@ -413,16 +413,13 @@ class BatchedChatModel(BaseChatModel):
             return self.backend.key
         return f"url:{self.base_url.rstrip('/')}"
 
-    def get_scheduler(self) -> Any:
+    def get_scheduler(self) -> Scheduler:
         """The `Scheduler` for the running event loop (created on first use).
 
         Returns:
             The explicit `scheduler` instance, or the registry's shared scheduler
             for this model's key in the running loop.
         """
-        from langgraph_batch.scheduler import BatchPolicy, Scheduler
-        from langgraph_batch.scheduler.registry import scheduler_for
-
         if isinstance(self.scheduler, Scheduler):
             return self.scheduler
         return scheduler_for(
@@ -440,7 +437,7 @@ class BatchedChatModel(BaseChatModel):
         on_chunk: Callable[[ChatChunk], None] | None = None,
     ) -> ChatResponse:
         scheduler = self.get_scheduler()
-        response: ChatResponse = await scheduler.submit(
+        return await scheduler.submit(
             request,
             turn=turn,
             sibling=sibling,
@@ -448,7 +445,6 @@ class BatchedChatModel(BaseChatModel):
             timeout=self.total_timeout,
             on_chunk=on_chunk,
         )
-        return response
 
     # ------------------------------------------------------------------ async paths
 
