@@ -184,13 +184,12 @@ class BatchedChatModel(BaseChatModel):
 
     @model_validator(mode="after")
     def _check_scheduler(self) -> Self:
-        if self.scheduler is not None and not isinstance(self.scheduler, str):
-            if not isinstance(self.scheduler, Scheduler):
-                msg = (
-                    f"scheduler must be a Scheduler, a registered scheduler name or None, "
-                    f"got {type(self.scheduler).__name__}"
-                )
-                raise ValueError(msg)
+        if self.scheduler is not None and not isinstance(self.scheduler, str | Scheduler):
+            msg = (
+                f"scheduler must be a Scheduler, a registered scheduler name or None, "
+                f"got {type(self.scheduler).__name__}"
+            )
+            raise ValueError(msg)
         return self
 
     # ------------------------------------------------------------------ LangChain metadata

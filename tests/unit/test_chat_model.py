@@ -111,7 +111,8 @@ async def test_ainvoke_builds_request_and_message() -> None:
     }
     assert req.stream is False
     assert req.batchable is True
-    assert req.request_id.startswith("lgb-") and len(req.request_id) == 36
+    assert req.request_id.startswith("lgb-")
+    assert len(req.request_id) == 36
     assert isinstance(msg, AIMessage)
     assert msg.content == "hello world"
     assert msg.usage_metadata == {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
@@ -287,9 +288,13 @@ async def test_stream_error_propagates() -> None:
     )
     llm, _ = make(backend)
     seen: list[str] = []
-    with pytest.raises(BackendBadRequestError, match="bad"):
+
+    async def consume() -> None:
         async for c in llm.astream("q"):
             seen.append(c.text)
+
+    with pytest.raises(BackendBadRequestError, match="bad"):
+        await consume()
     assert seen == ["partial", " answer"]
 
 
