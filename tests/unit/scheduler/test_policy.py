@@ -1,0 +1,412 @@
+"""The pure policy core, driven with explicit clocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from langgraph_batch.backends.base import EngineMetrics
+from langgraph_batch.scheduler._policy import (
+    DONE,
+    QUEUED,
+    RUNNING,
+    WITHDRAWN,
+    BatchPolicy,
+    BatchPolicyCore,
+    Outcome,
+    Plan,
+    PolicyItem,
+)
+
+
+def core(**kw: object) -> BatchPolicyCore:
+    batching = bool(kw.pop("batching", False))
+    has_metrics = bool(kw.pop("has_metrics", False))
+    return BatchPolicyCore(BatchPolicy(**kw), batching=batching, has_metrics=has_metrics)  # type: ignore[arg-type]
+
+
+def items(*turns: int, **kw: object) -> list[PolicyItem]:
+    return [PolicyItem(turn=t, **kw) for t in turns]  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ BatchPolicy
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"max_inflight": 0}, "max_inflight=0"),
+        ({"max_inflight": True}, "max_inflight=True"),
+        ({"min_inflight": 0}, "min_inflight=0"),
+        ({"min_inflight": 5, "max_inflight": 4}, "min_inflight=5"),
+        ({"inflight_cap": 0}, "inflight_cap=0"),
+        ({"inflight_cap": 3, "max_inflight": 4}, "inflight_cap=3"),
+        ({"increase_step": 0}, "increase_step"),
+        ({"decrease_factor": 1.0}, "decrease_factor"),
+        ({"adapt_cooldown_s": -1}, "adapt_cooldown_s"),
+        ({"metrics_interval_s": 0}, "metrics_interval_s"),
+        ({"priority": "random"}, "priority='random'"),
+        ({"batch_window_s": -0.1}, "batch_window_s"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"backoff_base_s": -1}, "backoff_base_s"),
+        ({"backoff_max_s": 0.1, "backoff_base_s": 1.0}, "backoff_max_s"),
+        ({"timeout": 0}, "timeout=0"),
+        ({"stats_window": 0}, "stats_window"),
+    ],
+)
+def test_policy_rejects_bad_values(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        BatchPolicy(**kw)  # type: ignore[arg-type]
+
+
+def test_policy_hard_cap_and_from_dict() -> None:
+    assert BatchPolicy(max_inflight=8).hard_cap == 32
+    assert BatchPolicy(max_inflight=8, inflight_cap=10).hard_cap == 10
+    assert BatchPolicy(max_inflight=8, adaptive=False).hard_cap == 8
+    p = BatchPolicy.from_dict({"max_inflight": 3, "priority": "las", "timeout": 2.5})
+    assert (p.max_inflight, p.priority, p.timeout) == (3, "las", 2.5)
+    with pytest.raises(ValueError, match=r"unknown BatchPolicy field\(s\) \['bogus'\]"):
+        BatchPolicy.from_dict({"bogus": 1})
+
+
+# --------------------------------------------------------------------- priority
+
+
+def test_depth_first_order_and_fifo_among_equals() -> None:
+    c = core(max_inflight=10)
+    a, b, d, e = items(0, 3, 1, 3)
+    for i, it in enumerate((a, b, d, e)):
+        c.enqueue(it, now=float(i))
+    plan = c.plan(now=10.0)
+    assert plan.dispatch == [b, e, d, a]
+    assert plan.batches == [] and plan.wake_at is None
+    assert all(it.state == RUNNING for it in (a, b, d, e))
+    assert b.queued_s == 9.0 and a.queued_s == 10.0
+
+
+def test_fifo_mode_ignores_turns() -> None:
+    c = core(max_inflight=10, priority="fifo")
+    its = items(0, 3, 1, 3)
+    for it in its:
+        c.enqueue(it, now=0.0)
+    assert c.plan(0.0).dispatch == its
+
+
+def test_las_prefers_least_attained_service() -> None:
+    c = core(max_inflight=1, priority="las")
+    long_ = PolicyItem(sibling_id="g/long")
+    c.enqueue(long_, 0.0)
+    assert c.plan(0.0).dispatch == [long_]
+    c.on_complete(long_, Outcome.OK, now=5.0)  # 5 s of service
+    short = PolicyItem(sibling_id="g/short")
+    c.on_complete(_run_one(c, short, 5.0), Outcome.OK, now=6.0)  # 1 s of service
+    assert c.attained_service("g/long") == 5.0
+    assert c.attained_service("g/short") == 1.0
+    # The long sibling asks first, but the short one is served first.
+    nxt_long, nxt_short, anon = PolicyItem(sibling_id="g/long"), PolicyItem(sibling_id="g/short"), PolicyItem()
+    c.enqueue(nxt_long, 7.0)
+    c.enqueue(nxt_short, 8.0)
+    c.enqueue(anon, 9.0)  # no sibling: its own program, no service yet
+    assert c.plan(9.0).dispatch == [anon]
+    c.on_complete(anon, Outcome.OK, 9.5)
+    assert c.plan(9.5).dispatch == [nxt_short]
+    c.on_complete(nxt_short, Outcome.OK, 10.0)
+    assert c.plan(10.0).dispatch == [nxt_long]
+
+
+def test_las_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import langgraph_batch.scheduler._policy as pol
+
+    monkeypatch.setattr(pol, "_LAS_MEMORY", 2)
+    c = core(max_inflight=1, priority="las")
+    for sid in ("a", "b", "c"):
+        c.on_complete(_run_one(c, PolicyItem(sibling_id=sid), 0.0), Outcome.OK, 1.0)
+    assert c.attained_service("a") == 0.0  # forgotten, oldest first
+    assert c.attained_service("c") == 1.0
+
+
+def _run_one(c: BatchPolicyCore, item: PolicyItem, now: float) -> PolicyItem:
+    c.enqueue(item, now)
+    assert c.plan(now).dispatch == [item]
+    return item
+
+
+# ------------------------------------------------------------------- slots
+
+
+def test_slots_bound_dispatch_and_release_refills() -> None:
+    c = core(max_inflight=2)
+    its = items(0, 0, 0)
+    for it in its:
+        c.enqueue(it, 0.0)
+    assert c.plan(0.0).dispatch == its[:2]
+    assert (c.in_flight, c.queued, c.slots_free) == (2, 1, 0)
+    assert c.plan(0.0).dispatch == []
+    c.on_complete(its[0], Outcome.OK, 1.0)
+    assert its[0].state == DONE
+    assert c.plan(1.0).dispatch == [its[2]]
+
+
+def test_try_acquire_only_when_uncontended() -> None:
+    c = core(max_inflight=1)
+    a, b, d = items(0, 0, 0)
+    assert c.try_acquire(a, 0.0)
+    assert a.state == RUNNING and c.in_flight == 1
+    assert not c.try_acquire(b, 0.0)  # no slot
+    c.enqueue(b, 0.0)
+    c.on_complete(a, Outcome.OK, 1.0)
+    assert not c.try_acquire(d, 1.0)  # a slot, but b is queued first
+    assert c.plan(1.0).dispatch == [b]
+
+
+def test_enqueue_and_complete_misuse() -> None:
+    c = core()
+    a = PolicyItem()
+    c.enqueue(a, 0.0)
+    with pytest.raises(ValueError, match="already queued or running"):
+        c.enqueue(a, 0.0)
+    with pytest.raises(ValueError, match="holds no slot"):
+        c.on_complete(a, Outcome.OK, 0.0)
+
+
+def test_retry_keeps_its_place() -> None:
+    c = core(max_inflight=1)
+    a, b = items(0, 0)
+    c.enqueue(a, 0.0)
+    c.enqueue(b, 0.0)
+    assert c.plan(0.0).dispatch == [a]
+    c.on_complete(a, Outcome.ERROR, 1.0)
+    c.enqueue(a, 1.0)  # re-queued after b, but keeps its earlier sequence number
+    assert c.plan(1.0).dispatch == [a]
+
+
+def test_withdraw_is_lazy_and_compacts() -> None:
+    c = core(max_inflight=1)
+    keep = PolicyItem()
+    gone = [PolicyItem() for _ in range(200)]
+    for it in gone:
+        c.enqueue(it, 0.0)
+    c.enqueue(keep, 0.0)
+    assert all(c.withdraw(it) for it in gone)
+    assert not c.withdraw(gone[0])  # twice: not an error
+    assert gone[0].state == WITHDRAWN
+    assert c.queued == 1
+    assert len(c._heap) < 200  # compacted
+    assert c.plan(0.0).dispatch == [keep]
+    assert not c.withdraw(keep)  # already running
+
+
+def test_withdraw_skipped_at_the_top() -> None:
+    c = core(max_inflight=5)
+    a, b = items(5, 0)
+    c.enqueue(a, 0.0)
+    c.enqueue(b, 0.0)
+    c.withdraw(a)
+    assert c.plan(0.0).dispatch == [b]
+    assert c.queued == 0 and c._dead == 0
+
+
+def test_drain_returns_queued_in_submission_order() -> None:
+    c = core(max_inflight=1, batching=True, max_batch_size=4)
+    a, b, d = items(0, 9, 3)
+    d.batchable = True
+    for it in (a, b, d):
+        c.enqueue(it, 0.0)
+    c.withdraw(a)
+    assert c.drain() == [b, d]
+    assert c.queued == 0 and b.state == WITHDRAWN
+    assert c.plan(0.0).dispatch == []
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_batch_window_collects_then_dispatches() -> None:
+    c = core(max_inflight=10, batching=True, batch_window_s=0.002, max_batch_size=8)
+    bs = [PolicyItem(batchable=True) for _ in range(3)]
+    c.enqueue(bs[0], 1.0)
+    plan = c.plan(1.0)
+    assert plan.dispatch == [] and plan.batches == [] and plan.wake_at == pytest.approx(1.002)
+    c.enqueue(bs[1], 1.001)
+    c.enqueue(bs[2], 1.001)
+    assert c.plan(1.0015).wake_at == pytest.approx(1.002)
+    plan = c.plan(1.002)
+    assert plan.batches == [bs] and plan.wake_at is None
+    assert all(it.in_batch and it.state == RUNNING for it in bs)
+    assert c.in_flight == 3  # one slot per member
+
+
+def test_full_batch_goes_before_the_window_closes() -> None:
+    c = core(max_inflight=10, batching=True, batch_window_s=1.0, max_batch_size=4)
+    bs = [PolicyItem(batchable=True) for _ in range(6)]
+    for it in bs:
+        c.enqueue(it, 0.0)
+    plan = c.plan(0.0)
+    assert plan.batches == [bs[:4]]
+    assert plan.wake_at == 1.0  # the rest wait for the window
+    assert c.plan(1.0).batches == [bs[4:]]
+
+
+def test_batches_limited_by_free_slots_and_compete_on_priority() -> None:
+    c = core(max_inflight=3, batching=True, batch_window_s=0.01, max_batch_size=8)
+    plain_low = PolicyItem(turn=0)
+    plain_high = PolicyItem(turn=5)
+    bs = [PolicyItem(turn=2, batchable=True) for _ in range(4)]
+    c.enqueue(plain_low, 0.0)
+    for it in bs:
+        c.enqueue(it, 0.0)
+    c.enqueue(plain_high, 0.0)
+    plan = c.plan(0.0)  # window open: plain ones go, batchable wait
+    assert plan.dispatch == [plain_high, plain_low] and plan.batches == []
+    plan = c.plan(0.02)
+    assert plan.batches == [bs[:1]]  # one free slot left
+    c.on_complete(plain_high, Outcome.OK, 0.03)
+    c.on_complete(plain_low, Outcome.OK, 0.03)
+    assert c.plan(0.03).batches == [bs[1:3]]  # two slots free
+
+
+def test_batching_off_puts_batchable_in_the_plain_queue() -> None:
+    c = core(max_inflight=2, batching=False)
+    a = PolicyItem(batchable=True)
+    assert c.try_acquire(a, 0.0)
+    b = PolicyItem(batchable=True)
+    c.enqueue(b, 0.0)
+    assert c.withdraw(b)
+    assert c.queued == 0
+    c2 = core(max_inflight=2, batching=True)
+    assert not c2.try_acquire(PolicyItem(batchable=True), 0.0)
+
+
+def test_withdrawn_batch_members_close_the_window() -> None:
+    c = core(max_inflight=4, batching=True, batch_window_s=0.01, max_batch_size=8)
+    a, b = PolicyItem(batchable=True), PolicyItem(batchable=True)
+    c.enqueue(a, 0.0)
+    c.enqueue(b, 0.0)
+    c.withdraw(a)
+    assert c.plan(0.02).batches == [[b]]
+    d = PolicyItem(batchable=True)
+    c.enqueue(d, 0.02)
+    c.withdraw(d)
+    plan = c.plan(0.05)
+    assert plan == Plan()
+
+
+# -------------------------------------------------------------- adaptation
+
+
+def saturate(c: BatchPolicyCore, now: float, extra: int = 1) -> list[PolicyItem]:
+    its = [PolicyItem() for _ in range(c.limit + extra)]
+    for it in its:
+        c.enqueue(it, now)
+    c.plan(now)
+    return its
+
+
+def test_429_decreases_multiplicatively_once_per_cooldown_to_floor() -> None:
+    c = core(max_inflight=10, min_inflight=4, decrease_factor=0.5, adapt_cooldown_s=1.0)
+    its = saturate(c, 0.0)
+    c.on_complete(its[0], Outcome.RATE_LIMITED, 0.0)
+    assert c.limit == 5
+    c.on_complete(its[1], Outcome.OVERLOADED, 0.5)  # same burst: ignored
+    assert c.limit == 5
+    c.on_complete(its[2], Outcome.RATE_LIMITED, 2.0)
+    assert c.limit == 4  # floor
+    c.on_complete(its[3], Outcome.ERROR, 4.0)
+    c.on_complete(its[4], Outcome.CANCELLED, 4.0)
+    assert c.limit_exact == 4.0
+
+
+def test_recovers_towards_max_inflight_without_metrics() -> None:
+    c = core(max_inflight=4, decrease_factor=0.5, adapt_cooldown_s=0.0)
+    its = saturate(c, 0.0, extra=20)
+    c.on_complete(its[0], Outcome.RATE_LIMITED, 0.0)
+    assert c.limit == 2
+    t = 1.0
+    for _ in range(30):
+        for it in c.plan(t).dispatch:
+            c.on_complete(it, Outcome.OK, t)
+        for it in list(its):
+            if it.state == RUNNING:
+                c.on_complete(it, Outcome.OK, t)
+        t += 1.0
+        c.enqueue(PolicyItem(), t)
+    assert c.limit == 4  # back to max_inflight, never beyond
+    assert c.limit_exact == 4.0
+
+
+def test_metrics_grow_to_the_cap_while_server_has_no_queue() -> None:
+    c = core(max_inflight=4, inflight_cap=10, increase_step=4, has_metrics=True)
+    saturate(c, 0.0, extra=50)
+    idle = EngineMetrics(num_requests_waiting=0, num_preemptions_total=0)
+    c.on_metrics(idle, 1.0)
+    assert c.limit == 8 and c.latest_metrics is idle
+    c.plan(1.0)
+    c.on_metrics(idle, 2.0)
+    assert c.limit == 10  # hard cap
+    c.plan(2.0)
+    c.on_metrics(EngineMetrics(num_requests_waiting=3, num_preemptions_total=0), 3.0)
+    assert c.limit == 10  # server queues: no growth
+
+
+def test_metrics_no_growth_when_not_limit_bound() -> None:
+    c = core(max_inflight=4, has_metrics=True)
+    c.enqueue(PolicyItem(), 0.0)
+    c.on_metrics(EngineMetrics(num_requests_waiting=0), 0.0)
+    assert c.limit == 4
+    c.on_metrics(EngineMetrics(), 0.0)  # nothing reported
+    assert c.limit == 4
+
+
+def test_rising_preemptions_shrink() -> None:
+    c = core(max_inflight=10, decrease_factor=0.5, adapt_cooldown_s=0.0, has_metrics=True)
+    saturate(c, 0.0)
+    c.on_metrics(EngineMetrics(num_preemptions_total=3, num_requests_waiting=5), 1.0)
+    assert c.limit == 10  # first sample is the baseline
+    c.on_metrics(EngineMetrics(num_preemptions_total=3, num_requests_waiting=5), 2.0)
+    assert c.limit == 10
+    c.on_metrics(EngineMetrics(num_preemptions_total=7, num_requests_waiting=0), 3.0)
+    assert c.limit == 5
+
+
+def test_not_adaptive_never_moves() -> None:
+    c = core(max_inflight=4, adaptive=False, adapt_cooldown_s=0.0, has_metrics=True)
+    its = saturate(c, 0.0)
+    c.on_complete(its[0], Outcome.RATE_LIMITED, 1.0)
+    c.on_metrics(EngineMetrics(num_requests_waiting=0, num_preemptions_total=9), 2.0)
+    assert c.limit == 4
+
+
+# ------------------------------------------------------------ bookkeeping
+
+
+def test_inflight_by_sibling() -> None:
+    c = core(max_inflight=5)
+    a, b, d = (PolicyItem(sibling_id="g/0"), PolicyItem(sibling_id="g/0"), PolicyItem(sibling_id="g/1"))
+    for it in (a, b, d):
+        c.enqueue(it, 0.0)
+    c.plan(0.0)
+    assert c.inflight_by_sibling() == {"g/0": 2, "g/1": 1}
+    c.on_complete(a, Outcome.OK, 1.0)
+    c.on_complete(d, Outcome.OK, 1.0)
+    assert c.inflight_by_sibling() == {"g/0": 1}
+
+
+def test_utilisation_is_time_weighted() -> None:
+    c = core(max_inflight=2)
+    assert c.utilisation(0.0) == 0.0
+    a, b = items(0, 0)
+    c.enqueue(a, 0.0)
+    c.enqueue(b, 0.0)
+    c.plan(0.0)  # 2/2 from t=0
+    c.on_complete(a, Outcome.OK, 1.0)  # 1/2 from t=1
+    c.on_complete(b, Outcome.OK, 2.0)  # 0 from t=2
+    assert c.utilisation(4.0) == pytest.approx((1.0 + 0.5) / 4.0)
+    assert c.utilisation(4.0) == pytest.approx(0.375)  # same time: no double count
+
+
+def test_item_repr_and_states() -> None:
+    it = PolicyItem(turn=2, sibling_id="g/3")
+    assert "turn=2" in repr(it) and "'g/3'" in repr(it)
+    c = core()
+    c.enqueue(it, 0.0)
+    assert it.state == QUEUED
