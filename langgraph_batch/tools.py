@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import ToolMessage
-from langchain_core.tools import BaseTool
+from langchain_core.tools import BaseTool, InjectedToolCallId
 from langchain_core.tools import tool as as_tool
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt import ToolNode
@@ -145,23 +145,36 @@ class CoalescePolicy:
 
 
 def _injected_args(tool: BaseTool) -> set[str]:
-    """Arguments LangGraph/LangChain inject (state, store, runtime, tool_call_id)."""
+    """Caller-dependent injected arguments (state, store, runtime).
+
+    `InjectedToolCallId` is allowed: a shared `ToolMessage` gets each caller's
+    id anyway, and a `Command` (what such tools usually return) is never shared.
+    """
     try:
-        declared = _field_names(tool.get_input_schema())
+        schema = tool.get_input_schema()
         shown = tool.tool_call_schema
     except Exception:  # a tool with a JSON-schema dict: nothing can be injected
         return set()
     if isinstance(shown, dict):
         return set()
-    return declared - _field_names(shown)
+    fields = _fields(schema)
+    hidden = set(fields) - set(_fields(shown))
+    return {name for name in hidden if not _is_tool_call_id(fields[name])}
 
 
-def _field_names(schema: Any) -> set[str]:
+def _fields(schema: Any) -> dict[str, Any]:
     # pydantic v2 models have `model_fields`, v1 models `__fields__`.
     fields = getattr(schema, "model_fields", None)
     if fields is None:
         fields = getattr(schema, "__fields__", {})
-    return set(fields)
+    return dict(fields)
+
+
+def _is_tool_call_id(field_info: Any) -> bool:
+    for marker in getattr(field_info, "metadata", ()):
+        if marker is InjectedToolCallId or isinstance(marker, InjectedToolCallId):
+            return True
+    return False
 
 
 def coalesce(
@@ -186,9 +199,10 @@ def coalesce(
     caller that ran it; the others run the tool themselves), an interrupt
     raised inside the tool, and errors when `share_errors=False`. Errors and
     error `ToolMessage`s are shared only among callers waiting at the same
-    time, never stored. Tools that take injected arguments (`InjectedState`,
-    `InjectedStore`, `ToolRuntime`, `InjectedToolCallId`) are refused: their
-    result depends on the caller.
+    time, never stored. Tools that take injected state (`InjectedState`,
+    `InjectedStore`, `ToolRuntime`) are refused at `coalesce()` time: their
+    result depends on the caller. `InjectedToolCallId` is allowed (a shared
+    `ToolMessage` gets each caller's id; a `Command` is never shared).
 
     Args:
         tool: A `BaseTool` (e.g. from `@tool`) or a plain function (converted with `@tool`).
