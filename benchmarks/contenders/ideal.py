@@ -1,0 +1,198 @@
+"""Contender `ideal`: the lower bound on makespan from the emulator's own cost model.
+
+WORKLOADS.md: the larger of
+- all prefill and decode work executed at the best batch composition the step
+  model allows (the shared prefix prefilled once, every sibling's context kept
+  resident between turns, steps filled to the token budget, decodes batched),
+- the longest single sibling's critical path: its turns at batch-1 speed
+  (prefill of its new tokens, then one decode step per output token) plus its
+  tool latencies.
+
+Token counts come from rendering each sibling's real conversation with the
+emulator's chat template and tokenizer; step times from
+`langgraph_batch.emulator.costs`. Not a process: computed by the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+from benchmarks.toolservice import ToolServiceConfig, canonical_key, result_text
+from benchmarks.workloads import (
+    TOOL_SPECS,
+    Workload,
+    response_schema,
+    system_prompt,
+    task_text,
+)
+
+MAX_BATCHED_TOKENS = 8192
+"""The emulator's (and vLLM's H100 server default) token budget per step."""
+
+
+def openai_tools() -> list[dict[str, Any]]:
+    """The workload's tools as OpenAI tool dicts (what the contenders send)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": spec["name"],
+                "description": spec["description"],
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        spec["arg"]: {"type": "string", "description": spec["arg_description"]}
+                    },
+                    "required": [spec["arg"]],
+                },
+            },
+        }
+        for spec in TOOL_SPECS
+    ]
+
+
+def _sibling_turns(
+    wl: Workload, index: int, seed: int, system: str, tools: list[dict[str, Any]]
+) -> tuple[list[tuple[int, int]], list[str]]:
+    """[(prompt_tokens, output_tokens)] per turn and the tool keys it calls."""
+    from langgraph_batch.emulator.scenarios import value_for_schema
+    from langgraph_batch.emulator.tokenizer import count_tokens, render_chat, render_tool_call
+
+    key = wl.key(index)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": task_text(wl, index, seed)},
+    ]
+    turns: list[tuple[int, int]] = []
+    keys: list[str] = []
+    spec = TOOL_SPECS[0]
+    for turn in range(wl.turns):
+        prompt = count_tokens(render_chat(messages, tools=tools or None))
+        if wl.tools and turn < wl.turns - 1:
+            args = json.dumps({spec["arg"]: key})
+            out_tokens = count_tokens(render_tool_call(spec["name"], args))
+            turns.append((prompt, out_tokens))
+            keys.append(canonical_key(spec["name"], {spec["arg"]: key}))
+            call = {"id": f"c{turn}", "type": "function"}
+            call["function"] = {"name": spec["name"], "arguments": args}  # type: ignore[assignment]
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            result = result_text(keys[-1], wl.tool_result_words)
+            messages.append({"role": "tool", "tool_call_id": f"c{turn}", "content": result})
+        else:
+            if wl.structured:
+                value = value_for_schema(response_schema(wl) or {}, key=key, rng=random.Random(0))
+                out_tokens = count_tokens(json.dumps(value))
+            else:
+                out_tokens = wl.final_tokens
+            turns.append((prompt, out_tokens))
+    return turns, keys
+
+
+def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
+    """The `ideal` entry of the results JSON (times in emulated seconds)."""
+    from langgraph_batch.emulator.costs import StepShape, get_profile
+    from langgraph_batch.emulator.tokenizer import count_tokens, render_chat
+
+    profile = get_profile(wl.profile)
+    system = system_prompt(wl, seed)
+    tools = openai_tools() if wl.tools else []
+    # The shared prefix: the rendered system turn (system prompt + tool schemas).
+    shared = count_tokens(
+        render_chat(
+            [{"role": "system", "content": system}],
+            tools=tools or None,
+            add_generation_prompt=False,
+        )
+    )
+    tool_cfg = ToolServiceConfig(
+        latency_s=wl.tool_latency_s,
+        latency_range_s=wl.tool_latency_range_s,
+        concurrency=wl.tool_concurrency,
+        seed=seed,
+    )
+
+    prefill_tokens = shared
+    attn_units = shared * (shared / 2)
+    decode_tokens = 0
+    decode_kv = 0.0
+    chain = 0
+    critical = 0.0
+    budget = MAX_BATCHED_TOKENS
+    # Siblings differ only in their key and filler words: sample a few to size them.
+    sample = sorted({0, n - 1, *range(0, n, max(1, n // 16))})
+    per_sibling: list[tuple[list[tuple[int, int]], list[str]]] = [
+        _sibling_turns(wl, i, seed, system, tools) for i in sample
+    ]
+    for i in range(n):
+        turns, keys = per_sibling[min(range(len(sample)), key=lambda j: abs(sample[j] - i))]
+        if wl.tools:
+            keys = [canonical_key(TOOL_SPECS[0]["name"], {TOOL_SPECS[0]["arg"]: wl.key(i)})] * len(
+                keys
+            )
+        resident = shared
+        path = 0.0
+        length = 0
+        for k, (prompt, out) in enumerate(turns):
+            new = max(0, prompt - resident)
+            prefill_tokens += new
+            attn_units += new * (resident + new / 2)
+            decode_tokens += out
+            decode_kv += out * (prompt + out / 2)
+            length += out
+            # Critical path at batch 1: prefill (chunked at the budget), then decodes.
+            cached = resident if (i > 0 or k > 0) else 0
+            todo = prompt - cached
+            while todo > 0:
+                t = min(todo, budget)
+                path += profile.prefill_time(t, cached=cached)
+                cached += t
+                todo -= t
+            path += (out - 1) * profile.decode_step_time(1, prompt + out // 2)
+            if k < len(keys):
+                path += tool_cfg.latency_for(keys[k])
+            resident = prompt + out
+        chain = max(chain, length)
+        critical = max(critical, path)
+
+    total_tokens = prefill_tokens + decode_tokens
+    steps = max(math.ceil(total_tokens / budget), chain)
+    per_step_tokens = total_tokens / steps
+    # Every step: fixed cost + linear layers at its share of the tokens + LM head.
+    base = profile.step_time(
+        StepShape(
+            num_tokens=max(1, round(per_step_tokens)),
+            num_seqs=1,
+            num_sampled=max(1, round(decode_tokens / steps)),
+        )
+    )
+    work = steps * base
+    if not profile.zero:
+        work += (
+            4.0
+            * profile.layers
+            * profile.hidden
+            * attn_units
+            / (profile.peak_flops * profile.attn_flops_efficiency)
+        )
+        work += (
+            profile.kv_bytes_per_token
+            * decode_kv
+            / (profile.peak_bandwidth * profile.kv_read_efficiency)
+        )
+        work += profile.per_seq_ms / 1e3 * decode_tokens
+    makespan = max(work, critical)
+    del count_tokens
+    return {
+        "makespan_s": makespan,
+        "work_bound_s": work,
+        "critical_path_s": critical,
+        "prefill_tokens": prefill_tokens,
+        "decode_tokens": decode_tokens,
+        "shared_prefix_tokens": shared,
+        "steps": steps,
+        "profile": profile.name,
+        "note": "lower bound from the emulator cost model (benchmarks/contenders/ideal.py)",
+    }

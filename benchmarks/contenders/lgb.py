@@ -1,0 +1,108 @@
+"""Contender `langgraph-batch`: `fan_out` + `BatchedChatModel` + coalesced tools.
+
+Only the settings a user would choose: the server URL, the model, `max_tokens`;
+the tool marked with `coalesce` (its results are the same for every sibling
+asking the same question); everything else is the library's default. The
+sibling subgraph is the same ReAct graph the `naive` contenders run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from benchmarks.contenders._common import emit, read_job, run_measured
+
+
+class LgbState(TypedDict, total=False):
+    """Parent state: the tasks in, the results out (no reducer on `results`)."""
+
+    tasks: list[dict[str, Any]]
+    results: list[Any]
+
+
+def make_llm(job: dict[str, Any]) -> Any:
+    """BatchedChatModel pointed at the (emulated) vLLM server."""
+    from langgraph_batch.chat_model import BatchedChatModel
+
+    extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
+    host = job["llm_url"].split("://", 1)[1].rstrip("/")
+    return BatchedChatModel(
+        model=job["model"],
+        base_url=f"vllm://{host}",
+        temperature=0.0,
+        max_tokens=job["max_tokens"],
+        extra_body=extra,
+    )
+
+
+def build(job: dict[str, Any], llm: Any, tools: list[Any]) -> Any:
+    """Parent graph with one fan_out node over the tasks."""
+    from langgraph.graph import END, START, StateGraph
+
+    from benchmarks.contenders._graph import build_agent, initial_messages
+    from langgraph_batch.nodes.fan_out import fan_out
+    from langgraph_batch.tools import BatchToolNode
+
+    agent = build_agent(llm, BatchToolNode(tools) if tools else _no_tools())
+
+    def make_input(item: dict[str, Any], index: int) -> dict[str, Any]:
+        return {"messages": initial_messages(job, item["index"]), "index": item["index"]}
+
+    g = StateGraph(LgbState)
+    g.add_node(
+        "agents",
+        fan_out(
+            agent,
+            items="tasks",
+            into="results",
+            make_input=make_input,
+            result=lambda state: state.get("answer"),
+        ),
+    )
+    g.add_edge(START, "agents")
+    g.add_edge("agents", END)
+    return g.compile()
+
+
+def _no_tools() -> Any:
+    def unreachable(state: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the model called a tool but the workload offers none")
+
+    return unreachable
+
+
+def main() -> None:
+    job = read_job()
+    from benchmarks.contenders._common import RECORDER
+    from benchmarks.contenders._graph import bind, make_http_client, make_tools
+    from langgraph_batch.nodes.fan_out import SiblingError
+    from langgraph_batch.tools import coalesce
+
+    async def body() -> None:
+        async with make_http_client() as client:
+            tools = [coalesce(t) for t in make_tools(job, client)]
+            llm = bind(make_llm(job), tools, job)
+            graph = build(job, llm, tools)
+            tasks = [{"index": i} for i in range(len(job["tasks"]))]
+            out = await graph.ainvoke({"tasks": tasks}, {"recursion_limit": 10_000})
+            for i, r in enumerate(out.get("results") or []):
+                if isinstance(r, SiblingError):
+                    RECORDER.failed(i, f"{r.error_type}: {r.message}")
+            await _close_schedulers()
+
+    emit(run_measured(job, body))
+
+
+async def _close_schedulers() -> None:
+    """Close the shared scheduler(s) of this loop so the run ends cleanly."""
+    try:
+        from langgraph_batch.scheduler import registry
+    except ImportError:
+        return
+    closer = getattr(registry, "aclose_all", None)
+    if closer is not None:
+        await closer()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Contenders `naive` and `naive-bounded`: LangGraph `Send` map-reduce with ChatOpenAI.
+
+Written as the LangGraph docs teach it: a conditional edge returns one `Send`
+per task to a node that runs the ReAct subgraph; `naive-bounded` passes
+`max_concurrency` in the run config (held across tool waits, as LangGraph does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
+
+
+def build(job: dict[str, Any], llm: Any, tools: list[Any]) -> Any:
+    """The parent graph: Send one branch per task to the agent subgraph."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.prebuilt import ToolNode
+    from langgraph.types import Send
+
+    from benchmarks.contenders._graph import ParentState, build_agent, initial_messages
+
+    agent = build_agent(llm, ToolNode(tools) if tools else _no_tools())
+
+    async def run_agent(state: dict[str, Any]) -> dict[str, Any]:
+        index = state["index"]
+        try:
+            out = await agent.ainvoke({"messages": initial_messages(job, index), "index": index})
+        except Exception as exc:
+            RECORDER.failed(index, exc)
+            raise
+        return {"results": [{"index": index, "answer": out.get("answer")}]}
+
+    def fan(state: ParentState) -> list[Send]:
+        return [Send("agent", {"index": t["index"]}) for t in state["tasks"]]
+
+    g = StateGraph(ParentState)
+    g.add_node("agent", run_agent)
+    g.add_conditional_edges(START, fan, ["agent"])
+    g.add_edge("agent", END)
+    return g.compile()
+
+
+def _no_tools() -> Any:
+    def unreachable(state: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the model called a tool but the workload offers none")
+
+    return unreachable
+
+
+def make_llm(job: dict[str, Any]) -> Any:
+    """ChatOpenAI pointed at the (emulated) server, as a user would configure it."""
+    from langchain_openai import ChatOpenAI
+
+    extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
+    return ChatOpenAI(
+        model=job["model"],
+        base_url=job["llm_url"].rstrip("/") + "/v1",
+        api_key="x",  # type: ignore[arg-type]
+        temperature=0.0,
+        max_tokens=job["max_tokens"],
+        timeout=600.0,
+        max_retries=2,
+        extra_body=extra,
+    )
+
+
+def main() -> None:
+    job = read_job()
+    from benchmarks.contenders._graph import bind, make_http_client, make_tools
+
+    async def body() -> None:
+        async with make_http_client() as client:
+            tools = make_tools(job, client)
+            llm = bind(make_llm(job), tools, job)
+            graph = build(job, llm, tools)
+            config: dict[str, Any] = {"recursion_limit": 10_000}
+            if job.get("max_concurrency"):
+                config["max_concurrency"] = int(job["max_concurrency"])
+            tasks = [{"index": i} for i in range(len(job["tasks"]))]
+            await graph.ainvoke({"tasks": tasks, "results": []}, config)
+
+    emit(run_measured(job, body))
+
+
+if __name__ == "__main__":
+    main()

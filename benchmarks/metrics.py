@@ -1,0 +1,103 @@
+"""Collect one contender's numbers: the client's own report plus the servers' counters.
+
+Server-side figures come from the emulator (`GET /emulator/stats`, reset with
+`POST /emulator/reset` before every contender so prefix caches never leak from
+one contender to the next) and from the tool service (`GET /stats`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (0..1) by linear interpolation, or None for no values."""
+    data = sorted(values)
+    if not data:
+        return None
+    pos = (len(data) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def emulator_stats(url: str) -> dict[str, Any]:
+    """The emulator's counters."""
+    resp = httpx.get(f"{url}/emulator/stats", timeout=30.0)
+    resp.raise_for_status()
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+def reset_emulator(url: str) -> None:
+    """Zero the emulator's counters and clear its prefix cache."""
+    httpx.post(f"{url}/emulator/reset", timeout=30.0).raise_for_status()
+
+
+def tool_stats(url: str) -> dict[str, Any]:
+    """The tool service's counters."""
+    resp = httpx.get(f"{url}/stats", timeout=30.0)
+    resp.raise_for_status()
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+def reset_tools(url: str) -> None:
+    """Zero the tool service's counters."""
+    httpx.post(f"{url}/reset", timeout=30.0).raise_for_status()
+
+
+def _int(stats: Mapping[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = stats.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+    return None
+
+
+def combine(
+    client: Mapping[str, Any],
+    emu: Mapping[str, Any],
+    tools: Mapping[str, Any],
+    *,
+    time_scale: float,
+) -> dict[str, Any]:
+    """One contender's entry for the results JSON.
+
+    Times are in EMULATED seconds (wall seconds x time_scale, the emulator's
+    engine seconds per wall second), so they read as the same job on the
+    emulated GPU; `wall_makespan_s` keeps the raw figure.
+    """
+    scale = time_scale
+    done = [c * scale for c in client.get("completions_s") or [] if c is not None]
+    prompt = _int(emu, "prompt_tokens_received", "prompt_tokens")
+    cached = _int(emu, "cached_tokens", "prefix_cache_hits")
+    return {
+        "makespan_s": client["makespan_s"] * scale,
+        "latency_p50_s": percentile(done, 0.50),
+        "latency_p95_s": percentile(done, 0.95),
+        "latency_p99_s": percentile(done, 0.99),
+        "first_result_s": min(done) if done else None,
+        "llm_requests": _int(emu, "requests", "requests_received"),
+        "tool_calls_requested": client.get("tool_calls_requested"),
+        "tool_calls_executed": _int(tools, "executions"),
+        "tool_distinct_keys": _int(tools, "distinct_keys"),
+        "prompt_tokens": prompt,
+        "prefill_tokens_computed": _int(emu, "prefill_tokens_computed"),
+        "cache_hit_rate": (cached / prompt) if prompt and cached is not None else None,
+        "preemptions": _int(emu, "preemptions"),
+        "client_cpu_s": client.get("client_cpu_s"),
+        "peak_rss_mb": client.get("peak_rss_mb"),
+        "failures": client.get("failures"),
+        "wall_makespan_s": client["makespan_s"],
+        "generation_tokens": _int(emu, "generation_tokens"),
+        "evictions": _int(emu, "evictions"),
+        "server_lag_s": emu.get("lag_s"),
+        "tool_peak_waiting": tools.get("peak_waiting"),
+        "errors": client.get("errors") or [],
+        "run_error": client.get("run_error"),
+        "samples": client.get("samples") or {},
+    }

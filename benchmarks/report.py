@@ -1,0 +1,305 @@
+"""Write a workload's results: JSON (all raw numbers), a Markdown table and a PNG chart.
+
+The goals of WORKLOADS.md / issue 4 are evaluated here from the JSON numbers
+only, and every goal is reported with its measured ratio, met or not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+LGB = "langgraph-batch"
+
+#: Per-contender keys every non-ideal entry carries (the issue's list).
+METRIC_KEYS = (
+    "makespan_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "latency_p99_s",
+    "first_result_s",
+    "llm_requests",
+    "tool_calls_requested",
+    "tool_calls_executed",
+    "prompt_tokens",
+    "prefill_tokens_computed",
+    "cache_hit_rate",
+    "preemptions",
+    "client_cpu_s",
+    "peak_rss_mb",
+    "failures",
+)
+
+
+def _num(entry: Mapping[str, Any] | None, key: str) -> float | None:
+    if not entry or entry.get("error"):
+        return None
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return None
+    if b == 0:
+        return 0.0 if a == 0 else math.inf
+    return a / b
+
+
+def ratios(contenders: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each contender's makespan/p95 relative to langgraph-batch, and lgb relative to ideal."""
+    lgb = contenders.get(LGB)
+    out: dict[str, Any] = {}
+    for name, entry in contenders.items():
+        if name == LGB:
+            continue
+        out[f"{name}/{LGB}"] = {
+            "makespan": _ratio(_num(entry, "makespan_s"), _num(lgb, "makespan_s")),
+            "latency_p95": _ratio(_num(entry, "latency_p95_s"), _num(lgb, "latency_p95_s")),
+        }
+    if "ideal" in contenders:
+        out[f"{LGB}/ideal"] = {
+            "makespan": _ratio(_num(lgb, "makespan_s"), _num(contenders["ideal"], "makespan_s"))
+        }
+    return out
+
+
+def _goal(
+    text: str,
+    lgb: Mapping[str, Any] | None,
+    other: Mapping[str, Any] | None,
+    key: str,
+    limit: float,
+) -> dict[str, Any]:
+    measured = _ratio(_num(lgb, key), _num(other, key))
+    return {
+        "goal": text,
+        "measured": measured,
+        "limit": limit,
+        "met": None if measured is None else measured <= limit,
+    }
+
+
+def goals(
+    workload: str, contenders: Mapping[str, Mapping[str, Any]], n: int
+) -> list[dict[str, Any]]:
+    """The issue's goals for `workload`, each with its measured ratio and whether it is met.
+
+    `met` is None when a contender needed for the goal is missing or failed.
+    """
+    lgb = contenders.get(LGB)
+    c = contenders.get
+    out: list[dict[str, Any]] = []
+    if workload == "W1":
+        out.append(
+            _goal("makespan <= 0.5x naive-bounded", lgb, c("naive-bounded"), "makespan_s", 0.5)
+        )
+        out.append(_goal("makespan <= 0.8x batchagent", lgb, c("batchagent"), "makespan_s", 0.8))
+        out.append(_goal("makespan <= 1.0x naive", lgb, c("naive"), "makespan_s", 1.0))
+        out.append(
+            _goal("p95 sibling latency <= 0.6x naive", lgb, c("naive"), "latency_p95_s", 0.6)
+        )
+        executed = _num(lgb, "tool_calls_executed")
+        distinct = _num(lgb, "tool_distinct_keys")
+        out.append(
+            {
+                "goal": "tool executions = distinct keys",
+                "measured": _ratio(executed, distinct),
+                "limit": 1.0,
+                "met": None if executed is None or distinct is None else executed == distinct,
+                "detail": {"executed": executed, "distinct_keys": distinct},
+            }
+        )
+        out.append(_goal("makespan <= 1.25x ideal", lgb, c("ideal"), "makespan_s", 1.25))
+    elif workload == "W3":
+        out.append(_goal("makespan <= 0.75x naive", lgb, c("naive"), "makespan_s", 0.75))
+        out.append(
+            _goal(
+                "prefill tokens computed <= 0.6x naive's",
+                lgb,
+                c("naive"),
+                "prefill_tokens_computed",
+                0.6,
+            )
+        )
+        mine, theirs = _num(lgb, "preemptions"), _num(c("naive"), "preemptions")
+        measured = _ratio(mine, theirs)
+        out.append(
+            {
+                "goal": "preemptions <= 10% of naive's",
+                "measured": measured,
+                "limit": 0.1,
+                "met": None if mine is None or theirs is None else mine <= 0.1 * theirs,
+                "detail": {"langgraph-batch": mine, "naive": theirs},
+            }
+        )
+    elif workload == "W5":
+        out.append(
+            _goal(
+                "client CPU per sibling <= 1.2x plain Send + ChatOpenAI",
+                lgb,
+                c("naive"),
+                "client_cpu_s",
+                1.2,
+            )
+        )
+    return out
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """A Markdown report of one workload's result dict."""
+    wl = result["workload"]
+    params = result["params"]
+    contenders: Mapping[str, Mapping[str, Any]] = result["contenders"]
+    lines = [f"### {wl}: {params.get('description', '')}", ""]
+    lines.append(
+        f"N={params.get('n')}, time scale {params.get('time_scale')}, seed {params.get('seed')}, "
+        f"emulated profile `{params.get('profile')}` (EMULATED server, not a GPU)."
+    )
+    lines.append("")
+    header = (
+        "| contender | makespan s | x lgb | p50 s | p95 s | p99 s | first s | LLM req | "
+        "tools req/exec | prompt tok | prefill tok | cache hit | preempt | CPU s | RSS MB | fail |"
+    )
+    lines += [header, header_sep(header)]
+    lgb = contenders.get(LGB)
+    for name, e in contenders.items():
+        if e.get("error"):
+            lines.append(f"| {name} | FAILED: {str(e['error'])[:120]} |" + " |" * 15)
+            continue
+        ratio = _ratio(_num(e, "makespan_s"), _num(lgb, "makespan_s"))
+        tools = (
+            f"{_fmt(e.get('tool_calls_requested'))}/{_fmt(e.get('tool_calls_executed'))}"
+            if name != "ideal"
+            else "-"
+        )
+        hit = e.get("cache_hit_rate")
+        row = [
+            name,
+            _fmt(e.get("makespan_s")),
+            _fmt(ratio),
+            _fmt(e.get("latency_p50_s")),
+            _fmt(e.get("latency_p95_s")),
+            _fmt(e.get("latency_p99_s")),
+            _fmt(e.get("first_result_s")),
+            _fmt(e.get("llm_requests")),
+            tools,
+            _fmt(e.get("prompt_tokens")),
+            _fmt(e.get("prefill_tokens_computed")),
+            "-" if hit is None else f"{100 * hit:.1f}%",
+            _fmt(e.get("preemptions")),
+            _fmt(e.get("client_cpu_s")),
+            _fmt(e.get("peak_rss_mb"), 0),
+            _fmt(e.get("failures")),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    goal_list = result.get("goals") or []
+    if goal_list:
+        lines.append("Goals (langgraph-batch):")
+        lines.append("")
+        for g in goal_list:
+            met = g.get("met")
+            mark = "MET" if met else ("MISSED" if met is False else "NOT MEASURED")
+            lines.append(f"- {g['goal']}: measured {_fmt(g.get('measured'))} -> **{mark}**")
+        lines.append("")
+    for warning in result.get("warnings") or []:
+        lines.append(f"> warning: {warning}")
+    return "\n".join(lines) + "\n"
+
+
+def header_sep(header: str) -> str:
+    """The `| --- | --- |` line matching a Markdown header row."""
+    cols = header.count("|") - 1
+    return "|" + " --- |" * cols
+
+
+def chart(result: Mapping[str, Any], path: Path) -> None:
+    """A PNG with makespan and p95 sibling latency per contender."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contenders: Mapping[str, Mapping[str, Any]] = result["contenders"]
+    names = list(contenders)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    palette = {
+        LGB: "#2a9d8f",
+        "ideal": "#adb5bd",
+        "naive": "#e76f51",
+        "naive-bounded": "#f4a261",
+        "batchagent": "#8d99ae",
+    }
+    for ax, key, title in (
+        (axes[0], "makespan_s", "makespan (s, lower is better)"),
+        (axes[1], "latency_p95_s", "p95 sibling latency (s, lower is better)"),
+    ):
+        values = [_num(contenders[n], key) for n in names]
+        heights = [v if v is not None else 0.0 for v in values]
+        colors = [palette.get(n, "#6c757d") for n in names]
+        bars = ax.bar(range(len(names)), heights, color=colors)
+        for bar, v, n in zip(bars, values, names, strict=True):
+            label = "failed" if contenders[n].get("error") else ("n/a" if v is None else f"{v:.2f}")
+            ax.annotate(
+                label,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    params = result["params"]
+    fig.suptitle(
+        f"{result['workload']} (N={params.get('n')}, emulated {params.get('profile')}, "
+        f"time scale {params.get('time_scale')})",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write `<out>/<workload>.json`, `.md` and `.png`; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wl = result["workload"]
+    paths = {
+        "json": out_dir / f"{wl}.json",
+        "md": out_dir / f"{wl}.md",
+        "png": out_dir / f"{wl}.png",
+    }
+    paths["json"].write_text(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
+    paths["md"].write_text(markdown(result))
+    chart(result, paths["png"])
+    return paths
+
+
+def summary_markdown(results: list[Mapping[str, Any]], command: str, date: str) -> str:
+    """The combined table for README: one section per workload plus the goals."""
+    parts = [f"Measured {date} with `{command}` on the emulated server (not a GPU).", ""]
+    parts += [markdown(r) for r in results]
+    return "\n".join(parts)

@@ -1,0 +1,287 @@
+"""The benchmark workloads (WORKLOADS.md): shapes, prompts and the job each contender runs.
+
+Prompts are sized with the emulator's own tokenizer, so "2048-token system
+prompt" means 2048 tokens to the emulated server. Each sibling's task carries
+a `key=<k>` marker: the emulator's agent scenario turns it into the tool
+call's arguments, so siblings with the same key ask for the same tool call
+(what tool coalescing can share).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from langgraph_batch.emulator.tokenizer import count_tokens
+
+# Words of at most four letters: each is exactly one token with its leading space.
+_VOCAB = [
+    "data",
+    "kv",
+    "gpu",
+    "page",
+    "hit",
+    "miss",
+    "node",
+    "edge",
+    "tool",
+    "call",
+    "turn",
+    "plan",
+    "task",
+    "goal",
+    "step",
+    "fact",
+    "test",
+    "case",
+    "run",
+    "map",
+    "sum",
+    "list",
+    "item",
+    "key",
+    "size",
+    "rate",
+    "time",
+    "cost",
+    "load",
+    "risk",
+    "core",
+    "loop",
+    "idea",
+    "term",
+    "line",
+    "text",
+    "word",
+    "form",
+    "rule",
+    "unit",
+    "role",
+    "path",
+    "flow",
+    "link",
+    "cell",
+    "grid",
+    "bank",
+    "file",
+    "disk",
+    "port",
+    "heap",
+    "tree",
+    "hash",
+    "sort",
+    "scan",
+    "join",
+    "view",
+    "lock",
+]
+
+
+def filler(n_tokens: int, rng: random.Random) -> str:
+    """Text of exactly `n_tokens` emulator tokens (n words from a 1-token vocabulary)."""
+    return "".join(" " + rng.choice(_VOCAB) for _ in range(max(0, n_tokens)))
+
+
+def sized(head: str, n_tokens: int, rng: random.Random) -> str:
+    """`head` followed by filler so that the whole text is `n_tokens` tokens."""
+    return head + filler(n_tokens - count_tokens(head), rng)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """One benchmark workload's shape. Latencies are in emulated (unscaled) seconds."""
+
+    id: str
+    description: str
+    n: int
+    turns: int
+    """LLM turns per sibling: turns-1 tool calls, then a final answer."""
+    system_tokens: int = 2048
+    task_tokens: int = 500
+    final_tokens: int = 200
+    """Output tokens of the final (JSON) answer."""
+    tool_latency_s: float = 0.8
+    tool_latency_range_s: tuple[float, float] | None = None
+    distinct_keys: int | None = 10
+    """Distinct tool-argument keys across siblings (None: one per sibling)."""
+    tool_concurrency: int = 10
+    tool_result_words: int = 60
+    tools: bool = True
+    structured: bool = True
+    profile: str = "h100-llama3-8b"
+    kv_tokens: int | None = None
+    """Server KV capacity in tokens (None: the profile's default)."""
+    time_scale: float = 1.0
+    """Default emulator time scale: emulated seconds per wall second (2.0: twice as fast)."""
+    contenders: tuple[str, ...] = (
+        "naive",
+        "naive-bounded",
+        "batchagent",
+        "langgraph-batch",
+        "ideal",
+    )
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def key(self, index: int) -> str:
+        """The tool-argument key of sibling `index`."""
+        if self.distinct_keys is None:
+            return f"s{index}"
+        return f"k{index % self.distinct_keys}"
+
+    def keys(self) -> set[str]:
+        """All distinct keys of the run."""
+        return {self.key(i) for i in range(self.n)}
+
+
+WORKLOADS: dict[str, Workload] = {
+    "W1": Workload(
+        id="W1",
+        description="N=100, 2 turns, 2048-token shared prompt, 800 ms tool, 10 keys, cap 10",
+        n=100,
+        turns=2,
+        tool_latency_s=0.8,
+        distinct_keys=10,
+        tool_concurrency=10,
+        time_scale=2.0,
+    ),
+    "W2": Workload(
+        id="W2",
+        description="N=20, 2 turns, 400 ms tool, 9 keys (BatchAgent's research-summary shape)",
+        n=20,
+        turns=2,
+        tool_latency_s=0.4,
+        distinct_keys=9,
+        tool_concurrency=10,
+        time_scale=2.0,
+    ),
+    "W3": Workload(
+        id="W3",
+        description=(
+            "N=1000, 3 turns, tools 300-1500 ms (seeded), 1500-token unique context, "
+            "500-token tool results, KV smaller than all contexts"
+        ),
+        n=1000,
+        turns=3,
+        task_tokens=1500,
+        tool_latency_s=0.9,
+        tool_latency_range_s=(0.3, 1.5),
+        distinct_keys=None,
+        tool_concurrency=64,
+        tool_result_words=500,
+        time_scale=10.0,
+    ),
+    "W5": Workload(
+        id="W5",
+        description="N=10,000, 1 turn, no tool, zero-cost server: client CPU per sibling",
+        n=10_000,
+        turns=1,
+        system_tokens=200,
+        task_tokens=50,
+        final_tokens=16,
+        tools=False,
+        structured=False,
+        distinct_keys=None,
+        profile="zero",
+        time_scale=1.0,
+        contenders=("naive", "langgraph-batch"),
+    ),
+}
+
+TOOL_SPECS: tuple[dict[str, str], ...] = (
+    {
+        "name": "web_search",
+        "arg": "query",
+        "description": "Search the web and return the most relevant passages for the query.",
+        "arg_description": "what to search for",
+    },
+)
+
+
+def response_schema(wl: Workload) -> dict[str, Any] | None:
+    """The final answer's JSON schema, sized so the emulated answer is ~`final_tokens` long.
+
+    The emulator fills string fields with the tool key padded to `minLength`
+    with "x" (four characters per token), so `minLength` sets the length.
+    """
+    if not wl.structured:
+        return None
+    return {
+        "title": "Finding",
+        "type": "object",
+        "properties": {
+            "summary": {
+                "type": "string",
+                "description": "what was found",
+                "minLength": 4 * max(1, wl.final_tokens - 12),
+            },
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+        "required": ["summary", "confidence"],
+        "additionalProperties": False,
+    }
+
+
+def system_prompt(wl: Workload, seed: int) -> str:
+    """The shared system prompt, `wl.system_tokens` tokens long."""
+    rng = random.Random(f"system:{seed}")
+    head = (
+        "You are a careful research agent. Use the web_search tool to look up the "
+        "key named in the task, then answer with a JSON object that matches the schema. "
+        "Background notes follow."
+    )
+    return sized(head, wl.system_tokens, rng)
+
+
+def task_text(wl: Workload, index: int, seed: int) -> str:
+    """Sibling `index`'s unique task (carries its `key=` marker), `wl.task_tokens` long."""
+    rng = random.Random(f"task:{seed}:{index}")
+    head = f"Task {index}: investigate the topic key={wl.key(index)} and report. Context:"
+    return sized(head, wl.task_tokens, rng)
+
+
+def emulator_settings(wl: Workload) -> dict[str, Any]:
+    """Server-side scenario defaults for this workload (the same server for every contender).
+
+    The emulated model makes `turns - 1` tool calls, then answers with
+    `final_tokens` tokens (or JSON for the response schema). Set on the server,
+    so no contender sends anything emulator-specific.
+    """
+    return {"turns": wl.turns, "output_tokens": wl.final_tokens}
+
+
+def make_job(
+    wl: Workload,
+    *,
+    n: int,
+    seed: int,
+    llm_url: str,
+    tool_url: str,
+    model: str,
+    contender: str,
+) -> dict[str, Any]:
+    """The JSON job a contender process runs."""
+    return {
+        "workload": wl.id,
+        "contender": contender,
+        "llm_url": llm_url,
+        "tool_url": tool_url,
+        "model": model,
+        "system_prompt": system_prompt(wl, seed),
+        "tasks": [task_text(wl, i, seed) for i in range(n)],
+        "turns": wl.turns,
+        "max_tokens": max(256, wl.final_tokens + 56),
+        "emulator_options": {},
+        "tools": list(TOOL_SPECS) if wl.tools else [],
+        "response_schema": response_schema(wl),
+        "max_concurrency": 32 if contender == "naive-bounded" else None,
+        "max_inflight": 32,
+    }
+
+
+def params(wl: Workload, *, n: int, seed: int, time_scale: float) -> dict[str, Any]:
+    """The workload parameters recorded in the results JSON."""
+    p = asdict(wl)
+    p.pop("extra", None)
+    p.update(n=n, seed=seed, time_scale=time_scale)
+    return p
