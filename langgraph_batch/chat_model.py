@@ -19,7 +19,6 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Self
-from urllib.parse import urlsplit
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
@@ -53,7 +52,14 @@ from langgraph_batch._structured import (
     structured_output,
     to_response_format,
 )
+from langgraph_batch.backends import (
+    OpenAICompatibleBackend,
+    SGLangBackend,
+    VLLMBackend,
+    backend_from_url,
+)
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+from langgraph_batch.backends.openai_compat import normalize_base_url
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import scheduler_for
 
@@ -61,7 +67,19 @@ __all__ = ("BatchedChatModel",)
 
 logger = logging.getLogger(__name__)
 
-_SCHEMES = {"http", "https", "vllm", "sglang", "openai"}
+# URL scheme -> (backend class, http scheme); mirrors `backend_from_url` so the
+# scheduler key equals the key of the backend it builds.
+_SCHEMES: dict[str, tuple[type[Backend], str]] = {
+    "http": (OpenAICompatibleBackend, "http"),
+    "https": (OpenAICompatibleBackend, "https"),
+    "openai": (OpenAICompatibleBackend, "https"),
+    "vllm": (VLLMBackend, "http"),
+    "vllm+http": (VLLMBackend, "http"),
+    "vllm+https": (VLLMBackend, "https"),
+    "sglang": (SGLangBackend, "http"),
+    "sglang+http": (SGLangBackend, "http"),
+    "sglang+https": (SGLangBackend, "https"),
+}
 _DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 # Call kwargs that are LangChain bookkeeping, never body fields.
@@ -72,15 +90,23 @@ _OMIT_IF_NONE = frozenset({"tool_choice", "parallel_tool_calls", "response_forma
 _END = object()
 
 
-def _validate_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in _SCHEMES or not parts.netloc:
+def _backend_key(url: str) -> str:
+    """The `Backend.key` that `backend_from_url(url)` would have.
+
+    Raises:
+        ValueError: If `url` is not a server URL (names the value).
+    """
+    scheme, sep, rest = url.partition("://")
+    rest = rest.strip().rstrip("/")
+    entry = _SCHEMES.get(scheme.lower())
+    if not sep or entry is None or not rest or rest.startswith("/"):
         msg = (
-            f"base_url={value!r} is not a server URL; use http(s)://host:port[/v1], "
+            f"base_url={url!r} is not a server URL; use http(s)://host:port[/v1], "
             "vllm://host:port, sglang://host:port or openai://host."
         )
         raise ValueError(msg)
-    return value
+    cls, http_scheme = entry
+    return f"{cls.__name__}:{normalize_base_url(f'{http_scheme}://{rest}')}"
 
 
 class BatchedChatModel(BaseChatModel):
@@ -156,7 +182,8 @@ class BatchedChatModel(BaseChatModel):
     @field_validator("base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
-        return _validate_url(value)
+        _backend_key(value)
+        return value
 
     @field_validator("timeout", "total_timeout")
     @classmethod
@@ -203,10 +230,10 @@ class BatchedChatModel(BaseChatModel):
         """`"vllm"`, `"sglang"` or `"openai"` (any other OpenAI-compatible server)."""
         if self.backend is not None:
             return self.backend.capabilities.flavor
-        scheme = urlsplit(self.base_url).scheme
-        if scheme == "vllm":
+        scheme = self.base_url.partition("://")[0].lower()
+        if scheme.startswith("vllm"):
             return "vllm"
-        if scheme == "sglang":
+        if scheme.startswith("sglang"):
             return "sglang"
         return "openai"
 
@@ -395,8 +422,6 @@ class BatchedChatModel(BaseChatModel):
     def _make_backend(self) -> Backend:
         if self.backend is not None:
             return self.backend
-        from langgraph_batch.backends import backend_from_url
-
         api_key = self.api_key.get_secret_value() if self.api_key is not None else None
         options: dict[str, Any] = {"api_key": api_key}
         if self.timeout is not None:
@@ -410,7 +435,7 @@ class BatchedChatModel(BaseChatModel):
             return self.scheduler
         if self.backend is not None:
             return self.backend.key
-        return f"url:{self.base_url.rstrip('/')}"
+        return _backend_key(self.base_url)
 
     def get_scheduler(self) -> Scheduler:
         """The `Scheduler` for the running event loop (created on first use).

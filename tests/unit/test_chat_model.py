@@ -57,6 +57,43 @@ def test_bad_numbers_fail_at_construction(field: str, value: float) -> None:
         BatchedChatModel(model="x", **{field: value})
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "vllm://127.0.0.1:8000",
+        "http://127.0.0.1:8000/v1/",
+        "sglang+https://gpu:30000",
+        "openai://api.example.com",
+    ],
+)
+async def test_scheduler_key_matches_the_backend_it_builds(url: str) -> None:
+    from langgraph_batch.backends import backend_from_url
+
+    llm = BatchedChatModel(model="m", base_url=url, api_key="k", timeout=5)
+    async with backend_from_url(url) as backend:
+        assert llm.scheduler_key == backend.key
+    scheduler = llm.get_scheduler()
+    try:
+        assert scheduler.backend.key == llm.scheduler_key
+        assert scheduler is llm.get_scheduler()
+        assert scheduler is BatchedChatModel(model="other", base_url=url).get_scheduler()
+    finally:
+        await scheduler.aclose()
+
+
+async def test_named_and_explicit_schedulers() -> None:
+    from langgraph_batch.scheduler import Scheduler
+
+    backend = FakeBackend(base_url=f"fake://{uuid.uuid4().hex}")
+    named = BatchedChatModel(model="m", backend=backend, scheduler="my-sched")
+    assert named.scheduler_key == "my-sched"
+    assert named.get_scheduler().name == "my-sched"
+    async with Scheduler(FakeBackend(base_url="fake://explicit")) as explicit:
+        llm = BatchedChatModel(model="m", scheduler=explicit)
+        assert llm.get_scheduler() is explicit
+        assert (await llm.ainvoke("hi")).content == "hello world"
+
+
 def test_bad_scheduler_type() -> None:
     with pytest.raises(ValueError, match="scheduler must be"):
         BatchedChatModel(model="x", scheduler=42)
