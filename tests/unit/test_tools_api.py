@@ -1,0 +1,274 @@
+"""`coalesce()`, its policy, the counters and the hook functions, without a graph."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import pytest
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+from langgraph.prebuilt import InjectedState, InjectedStore, ToolRuntime
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.store.base import BaseStore
+
+import langgraph_batch.tools as tools_module
+from langgraph_batch._context import SiblingInfo, sibling_scope
+from langgraph_batch.tools import (
+    CoalescePolicy,
+    ToolStats,
+    coalesce,
+    coalesce_policy,
+    coalesced_call,
+    forget_run,
+    in_tool_call,
+    reset_tool_stats,
+    tool_stats,
+)
+from tests.unit._tools_fakes import RecordingAdmission
+
+
+@tool
+def double(x: int) -> int:
+    """Double a number."""
+    return 2 * x
+
+
+def request_for(t: BaseTool, args: dict[str, Any], call_id: str) -> ToolCallRequest:
+    call = {"name": t.name, "args": args, "id": call_id, "type": "tool_call"}
+    return ToolCallRequest(tool_call=call, tool=t, state={}, runtime=None)  # type: ignore[arg-type]
+
+
+def executor(t: BaseTool, gate: asyncio.Event | None = None) -> Any:
+    count = {"n": 0}
+
+    async def execute(request: ToolCallRequest) -> ToolMessage:
+        count["n"] += 1
+        if gate is not None:
+            await gate.wait()
+        out = await t.ainvoke(request.tool_call["args"])
+        return ToolMessage(str(out), tool_call_id=request.tool_call["id"], name=t.name)
+
+    return execute, count
+
+
+async def test_coalesced_tool_is_still_an_ordinary_tool() -> None:
+    marked = coalesce(double)
+    assert isinstance(marked, BaseTool)
+    assert marked.name == "double"
+    assert marked.invoke({"x": 2}) == 4
+    assert await marked.ainvoke({"x": 3}) == 6
+    assert coalesce_policy(marked) is not None
+    assert coalesce_policy(double) is None  # the original is not marked
+    assert coalesce_policy(None) is None
+
+
+def test_plain_function_and_existing_metadata() -> None:
+    def shout(text: str) -> str:
+        """Shout."""
+        return text.upper()
+
+    marked = coalesce(shout, ttl=5.0, max_concurrency=2, rate_limit=3.0, share_errors=False)
+    assert marked.invoke({"text": "hi"}) == "HI"
+    policy = coalesce_policy(marked)
+    assert policy is not None
+    assert (policy.scope, policy.ttl, policy.max_concurrency) == ("run", 5.0, 2)
+    assert (policy.rate_limit, policy.share_errors) == (3.0, False)
+    assert policy.coalescer.ttl == 5.0
+
+    tagged = double.model_copy(update={"metadata": {"owner": "me"}})
+    assert coalesce(tagged).metadata is not None
+    assert coalesce(tagged).metadata["owner"] == "me"  # type: ignore[index]
+
+
+def test_each_tool_has_its_own_limits() -> None:
+    a = coalesce_policy(coalesce(double, max_concurrency=1))
+    b = coalesce_policy(coalesce(double, max_concurrency=1))
+    assert a is not None
+    assert b is not None
+    assert a.coalescer is not b.coalescer
+
+
+@pytest.mark.parametrize("kind", ["state", "store", "runtime"])
+def test_refuses_tools_with_injected_state(kind: str) -> None:
+    if kind == "state":
+
+        @tool
+        def t(x: int, state: Annotated[dict, InjectedState]) -> str:
+            """T."""
+            return ""
+    elif kind == "store":
+
+        @tool
+        def t(x: int, store: Annotated[BaseStore, InjectedStore()]) -> str:
+            """T."""
+            return ""
+    else:
+
+        @tool
+        def t(x: int, runtime: ToolRuntime) -> str:
+            """T."""
+            return ""
+
+    with pytest.raises(ValueError, match=r"injected arguments \['(state|store|runtime)'\]"):
+        coalesce(t)
+
+
+def test_allows_injected_tool_call_id() -> None:
+    @tool
+    def t(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """T."""
+        return ""
+
+    assert coalesce_policy(coalesce(t)) is not None
+
+
+def test_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="scope"):
+        coalesce(double, scope="forever")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ttl"):
+        coalesce(double, ttl=-1)
+    with pytest.raises(ValueError, match="max_concurrency"):
+        coalesce(double, max_concurrency=0)
+    with pytest.raises(ValueError, match="rate_limit"):
+        coalesce(double, rate_limit=0)
+    with pytest.raises(ValueError, match="key"):
+        CoalescePolicy(key="x")  # type: ignore[arg-type]
+
+
+def test_call_key_is_canonical_json_or_custom() -> None:
+    policy = CoalescePolicy()
+    assert policy.call_key("t", {"b": 1, "a": [1, {"d": 2, "c": 3}]}) == policy.call_key(
+        "t", {"a": [1, {"c": 3, "d": 2}], "b": 1}
+    )
+    assert policy.call_key("t", {"a": 1}) == ("t", '{"a":1}')
+    assert policy.call_key("t", {"a": 1}) != policy.call_key("u", {"a": 1})
+    custom = CoalescePolicy(key=lambda args: args["q"].lower())
+    assert custom.call_key("t", {"q": "Paris", "page": 1}) == ("t", "paris")
+
+
+async def test_identical_calls_get_their_own_tool_call_ids() -> None:
+    marked = coalesce(double)
+    gate = asyncio.Event()
+    execute, count = executor(marked, gate)
+    group = "api-ids"
+    calls = [
+        asyncio.create_task(
+            call_in_sibling(
+                group, i, coalesced_call(request_for(marked, {"x": 4}, f"id{i}"), execute)
+            )
+        )
+        for i in range(5)
+    ]
+    policy = coalesce_policy(marked)
+    assert policy is not None
+    await until(
+        lambda: policy.coalescer.waiting(policy.call_key("double", {"x": 4}), scope=group) == 5
+    )
+    gate.set()
+    results = await asyncio.gather(*calls)
+    assert count["n"] == 1
+    assert [r.tool_call_id for r in results] == [f"id{i}" for i in range(5)]
+    assert {r.content for r in results} == {"8"}
+    assert tool_stats(group) == ToolStats(
+        requested=5,
+        executed=1,
+        shared=4,
+        errors=0,
+        by_tool={"double": ToolStats(requested=5, executed=1, shared=4)},
+    )
+
+
+async def call_in_sibling(group: str, index: int, coro: Any, **kw: Any) -> Any:
+    with sibling_scope(SiblingInfo(group=group, index=index, **kw)):
+        return await coro
+
+
+async def until(predicate: Any) -> None:
+    for _ in range(10_000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never became true")
+
+
+async def test_cancelled_leader_sibling_leaves_tool_and_followers_get_result() -> None:
+    marked = coalesce(double)
+    gate = asyncio.Event()
+    execute, count = executor(marked, gate)
+    admission = RecordingAdmission()
+    infos = [SiblingInfo(group="api-cancel", index=i, admission=admission) for i in range(3)]
+
+    async def sibling(i: int) -> Any:
+        request = request_for(marked, {"x": 1}, f"c{i}")
+        with sibling_scope(infos[i]):
+            return await in_tool_call(request, lambda r: coalesced_call(r, execute))
+
+    leader = asyncio.create_task(sibling(0))
+    await until(lambda: count["n"] == 1)
+    followers = [asyncio.create_task(sibling(i)) for i in (1, 2)]
+    policy = coalesce_policy(marked)
+    assert policy is not None
+    key = policy.call_key("double", {"x": 1})
+    await until(lambda: policy.coalescer.waiting(key, scope="api-cancel") == 3)
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert infos[0].tools_active == 0  # left the tool despite the cancellation
+    gate.set()
+    results = await asyncio.gather(*followers)
+    assert [r.tool_call_id for r in results] == ["c1", "c2"]
+    assert count["n"] == 1
+    assert all(info.tools_active == 0 for info in infos)
+    assert ("acquire", 0, True) in admission.events
+
+
+async def test_non_json_arguments_run_uncoalesced() -> None:
+    marked = coalesce(double)
+    _execute, count = executor(marked)
+
+    class Opaque:
+        pass
+
+    req = request_for(marked, {"x": 1}, "a")
+    req = req.override(tool_call={**req.tool_call, "args": {"x": 1, "o": Opaque()}})
+
+    async def run_raw(request: ToolCallRequest) -> ToolMessage:
+        count["n"] += 1
+        return ToolMessage("raw", tool_call_id=request.tool_call["id"])
+
+    out = await coalesced_call(req, run_raw)
+    assert out.content == "raw"
+    assert count["n"] == 1
+
+
+async def test_forget_run_drops_kept_results() -> None:
+    marked = coalesce(double)
+    execute, count = executor(marked)
+    for _ in range(2):
+        await call_in_sibling(
+            "api-forget", 0, coalesced_call(request_for(marked, {"x": 2}, "a"), execute)
+        )
+    assert count["n"] == 1
+    forget_run("api-forget")
+    await call_in_sibling(
+        "api-forget", 0, coalesced_call(request_for(marked, {"x": 2}, "a"), execute)
+    )
+    assert count["n"] == 2
+
+
+async def test_stats_totals_reset_and_unknown_group() -> None:
+    execute, _ = executor(double)
+    await coalesced_call(request_for(double, {"x": 1}, "a"), execute)
+    assert tool_stats().requested >= 1
+    assert tool_stats("no-such-run") == ToolStats()
+    reset_tool_stats()
+    assert tool_stats() == ToolStats()
+
+
+def test_batch_middleware_is_lazy_and_unknown_names_fail() -> None:
+    from langgraph_batch._middleware import BatchMiddleware
+
+    assert tools_module.BatchMiddleware is BatchMiddleware
+    with pytest.raises(AttributeError, match="nope"):
+        _ = tools_module.nope
