@@ -79,9 +79,11 @@ def test_depth_first_order_and_fifo_among_equals() -> None:
         c.enqueue(it, now=float(i))
     plan = c.plan(now=10.0)
     assert plan.dispatch == [b, e, d, a]
-    assert plan.batches == [] and plan.wake_at is None
+    assert plan.batches == []
+    assert plan.wake_at is None
     assert all(it.state == RUNNING for it in (a, b, d, e))
-    assert b.queued_s == 9.0 and a.queued_s == 10.0
+    assert b.queued_s == 9.0
+    assert a.queued_s == 10.0
 
 
 def test_fifo_mode_ignores_turns() -> None:
@@ -103,7 +105,9 @@ def test_las_prefers_least_attained_service() -> None:
     assert c.attained_service("g/long") == 5.0
     assert c.attained_service("g/short") == 1.0
     # The long sibling asks first, but the short one is served first.
-    nxt_long, nxt_short, anon = PolicyItem(sibling_id="g/long"), PolicyItem(sibling_id="g/short"), PolicyItem()
+    nxt_long = PolicyItem(sibling_id="g/long")
+    nxt_short = PolicyItem(sibling_id="g/short")
+    anon = PolicyItem()
     c.enqueue(nxt_long, 7.0)
     c.enqueue(nxt_short, 8.0)
     c.enqueue(anon, 9.0)  # no sibling: its own program, no service yet
@@ -151,7 +155,8 @@ def test_try_acquire_only_when_uncontended() -> None:
     c = core(max_inflight=1)
     a, b, d = items(0, 0, 0)
     assert c.try_acquire(a, 0.0)
-    assert a.state == RUNNING and c.in_flight == 1
+    assert a.state == RUNNING
+    assert c.in_flight == 1
     assert not c.try_acquire(b, 0.0)  # no slot
     c.enqueue(b, 0.0)
     c.on_complete(a, Outcome.OK, 1.0)
@@ -203,7 +208,8 @@ def test_withdraw_skipped_at_the_top() -> None:
     c.enqueue(b, 0.0)
     c.withdraw(a)
     assert c.plan(0.0).dispatch == [b]
-    assert c.queued == 0 and c._dead == 0
+    assert c.queued == 0
+    assert c._dead == 0
 
 
 def test_drain_returns_queued_in_submission_order() -> None:
@@ -214,7 +220,8 @@ def test_drain_returns_queued_in_submission_order() -> None:
         c.enqueue(it, 0.0)
     c.withdraw(a)
     assert c.drain() == [b, d]
-    assert c.queued == 0 and b.state == WITHDRAWN
+    assert c.queued == 0
+    assert b.state == WITHDRAWN
     assert c.plan(0.0).dispatch == []
 
 
@@ -226,12 +233,15 @@ def test_batch_window_collects_then_dispatches() -> None:
     bs = [PolicyItem(batchable=True) for _ in range(3)]
     c.enqueue(bs[0], 1.0)
     plan = c.plan(1.0)
-    assert plan.dispatch == [] and plan.batches == [] and plan.wake_at == pytest.approx(1.002)
+    assert plan.dispatch == []
+    assert plan.batches == []
+    assert plan.wake_at == pytest.approx(1.002)
     c.enqueue(bs[1], 1.001)
     c.enqueue(bs[2], 1.001)
     assert c.plan(1.0015).wake_at == pytest.approx(1.002)
     plan = c.plan(1.002)
-    assert plan.batches == [bs] and plan.wake_at is None
+    assert plan.batches == [bs]
+    assert plan.wake_at is None
     assert all(it.in_batch and it.state == RUNNING for it in bs)
     assert c.in_flight == 3  # one slot per member
 
@@ -257,7 +267,8 @@ def test_batches_limited_by_free_slots_and_compete_on_priority() -> None:
         c.enqueue(it, 0.0)
     c.enqueue(plain_high, 0.0)
     plan = c.plan(0.0)  # window open: plain ones go, batchable wait
-    assert plan.dispatch == [plain_high, plain_low] and plan.batches == []
+    assert plan.dispatch == [plain_high, plain_low]
+    assert plan.batches == []
     plan = c.plan(0.02)
     assert plan.batches == [bs[:1]]  # one free slot left
     c.on_complete(plain_high, Outcome.OK, 0.03)
@@ -339,7 +350,8 @@ def test_metrics_grow_to_the_cap_while_server_has_no_queue() -> None:
     saturate(c, 0.0, extra=50)
     idle = EngineMetrics(num_requests_waiting=0, num_preemptions_total=0)
     c.on_metrics(idle, 1.0)
-    assert c.limit == 8 and c.latest_metrics is idle
+    assert c.limit == 8
+    assert c.latest_metrics is idle
     c.plan(1.0)
     c.on_metrics(idle, 2.0)
     assert c.limit == 10  # hard cap
@@ -381,7 +393,7 @@ def test_not_adaptive_never_moves() -> None:
 
 def test_inflight_by_sibling() -> None:
     c = core(max_inflight=5)
-    a, b, d = (PolicyItem(sibling_id="g/0"), PolicyItem(sibling_id="g/0"), PolicyItem(sibling_id="g/1"))
+    a, b, d = (PolicyItem(sibling_id=sid) for sid in ("g/0", "g/0", "g/1"))
     for it in (a, b, d):
         c.enqueue(it, 0.0)
     c.plan(0.0)
@@ -406,7 +418,8 @@ def test_utilisation_is_time_weighted() -> None:
 
 def test_item_repr_and_states() -> None:
     it = PolicyItem(turn=2, sibling_id="g/3")
-    assert "turn=2" in repr(it) and "'g/3'" in repr(it)
+    assert "turn=2" in repr(it)
+    assert "'g/3'" in repr(it)
     c = core()
     c.enqueue(it, 0.0)
     assert it.state == QUEUED

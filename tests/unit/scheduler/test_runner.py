@@ -53,8 +53,12 @@ async def test_max_inflight_respected_under_200_concurrent_submits() -> None:
     assert [r.request_id for r in results] == [f"r{i}" for i in range(200)]
     assert backend.max_running == 8
     st = s.stats()
-    assert st.completed == 200 and st.in_flight == 0 and st.queued == 0
-    assert st.prompt_tokens == 600 and st.completion_tokens == 400 and st.cached_tokens == 200
+    assert st.completed == 200
+    assert st.in_flight == 0
+    assert st.queued == 0
+    assert st.prompt_tokens == 600
+    assert st.completion_tokens == 400
+    assert st.cached_tokens == 200
     assert 0.0 < st.slot_utilisation <= 1.0
     assert st.latency_p50 <= st.latency_p95 <= st.latency_p99
     assert st.queue_wait_p99 > 0.0
@@ -123,7 +127,8 @@ async def test_cancel_in_flight_aborts_the_backend_call() -> None:
         assert s.stats().in_flight == 1
         backend.gate.set()
         await nxt
-    assert s.stats().cancelled == 1 and s.stats().completed == 1
+    assert s.stats().cancelled == 1
+    assert s.stats().completed == 1
 
 
 async def test_cancel_after_grant_before_start_gives_the_slot_back() -> None:
@@ -174,7 +179,8 @@ async def test_runner_death_fails_every_waiter_and_new_work() -> None:
     assert s.state is SchedulerState.DEAD
     with pytest.raises(SchedulerDeadError) as info:
         await s.submit(request("late"))
-    assert info.value.cause is boom and info.value.__cause__ is boom
+    assert info.value.cause is boom
+    assert info.value.__cause__ is boom
     await s.aclose()
     assert s.state is SchedulerState.CLOSED
 
@@ -212,7 +218,8 @@ async def test_lazy_start_and_owned_backend_closed() -> None:
     s = Scheduler(Closing(), owns_backend=True)
     assert s._runner is None  # nothing started in __init__
     await s.submit(request("a"))
-    assert s.state is SchedulerState.OPENED and s._runner is not None
+    assert s.state is SchedulerState.OPENED
+    assert s._runner is not None
     async with s:  # entering a lazily started scheduler is fine
         pass
     assert closed.is_set()
@@ -251,7 +258,8 @@ async def test_out_of_retries_and_non_retryable_raise() -> None:
         with pytest.raises(BackendBadRequestError):
             await s.submit(request("bad"))
     assert backend.order == ["r", "r", "bad"]
-    assert s.stats().failed == 2 and s.stats().retries == 1
+    assert s.stats().failed == 2
+    assert s.stats().retries == 1
 
 
 async def test_429_retry_after_honoured_and_no_slot_held_while_backing_off() -> None:
@@ -298,7 +306,8 @@ async def test_timeout_covers_queue_wait() -> None:
         with pytest.raises(BatchTimeoutError) as info:
             await s.submit(request("late"), timeout=0.02)
         err = info.value
-        assert err.timeout_s == 0.02 and err.request_id == "late"
+        assert err.timeout_s == 0.02
+        assert err.request_id == "late"
         assert err.queued_s >= 0.015
         assert "waiting for a slot" in str(err)
         assert s.stats().queued == 0
@@ -317,7 +326,7 @@ async def test_batching_collects_within_the_window() -> None:
         results = await asyncio.gather(
             *(s.submit(request(f"b{i}", batchable=True)) for i in range(10))
         )
-        plain = await s.submit(request("plain"))
+        await s.submit(request("plain"))
     assert [r.request_id for r in results] == [f"b{i}" for i in range(10)]
     assert sorted(len(b) for b in backend.batches) == [2, 4, 4]
     assert backend.order == ["plain"]  # not batchable: went alone
@@ -340,7 +349,8 @@ async def test_batch_failure_is_retried_per_member_and_cancelled_member_dropped(
         done = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)
     assert [r.request_id for r in done[1:]] == ["b1", "b2"]  # type: ignore[union-attr]
-    assert s.stats().retries == 3 and s.stats().in_flight == 0
+    assert s.stats().retries == 3
+    assert s.stats().in_flight == 0
 
 
 async def test_closing_cancels_batches_in_flight() -> None:
