@@ -64,7 +64,8 @@ async def _direct(n: int) -> float:
     t0 = time.process_time()
     await asyncio.gather(*(backend.chat(r) for r in reqs))
     cpu = time.process_time() - t0
-    assert backend.calls == n
+    if backend.calls != n:
+        raise RuntimeError(f"direct run lost requests: calls={backend.calls}")
     return cpu
 
 
@@ -76,7 +77,8 @@ async def _scheduled(n: int, max_inflight: int) -> float:
         await asyncio.gather(*(s.submit(r, turn=i % 4) for i, r in enumerate(reqs)))
         cpu = time.process_time() - t0
         st = s.stats()
-    assert backend.calls == n and st.completed == n, st
+    if backend.calls != n or st.completed != n:
+        raise RuntimeError(f"scheduled run lost requests: calls={backend.calls}, {st}")
     return cpu
 
 
