@@ -163,7 +163,10 @@ class BatchedChatModel(BaseChatModel):
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""
     max_inflight: int = 64
-    """Requests the shared scheduler keeps on the wire at once (used when it is created)."""
+    """Most requests the shared scheduler keeps on the wire at once (applies when this
+    model creates the scheduler; the scheduler may adapt below it, never above)."""
+    policy: BatchPolicy | None = Field(default=None, exclude=True)
+    """Full scheduler policy for a scheduler this model creates (overrides `max_inflight`)."""
     scheduler: Any = Field(default=None, exclude=True)
     """A `Scheduler`, a registered scheduler name, or None (one per server URL)."""
     backend: Backend | None = Field(default=None, exclude=True)
@@ -449,7 +452,8 @@ class BatchedChatModel(BaseChatModel):
         return scheduler_for(
             key=self.scheduler_key,
             backend_factory=self._make_backend,
-            policy=BatchPolicy(max_inflight=self.max_inflight),
+            policy=self.policy
+            or BatchPolicy(max_inflight=self.max_inflight, inflight_cap=self.max_inflight),
             name=self.scheduler if isinstance(self.scheduler, str) else None,
         )
 

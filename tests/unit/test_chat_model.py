@@ -85,9 +85,14 @@ async def test_named_and_explicit_schedulers() -> None:
     from langgraph_batch.scheduler import Scheduler
 
     backend = FakeBackend(base_url=f"fake://{uuid.uuid4().hex}")
-    named = BatchedChatModel(model="m", backend=backend, scheduler="my-sched")
+    named = BatchedChatModel(model="m", backend=backend, scheduler="my-sched", max_inflight=4)
     assert named.scheduler_key == "my-sched"
-    assert named.get_scheduler().name == "my-sched"
+    sched = named.get_scheduler()
+    assert sched.name == "my-sched"
+    # max_inflight is a ceiling: the adaptive limit may shrink, never grow past it.
+    assert sched.policy.max_inflight == 4
+    assert sched.policy.inflight_cap == 4
+    await sched.aclose()
     async with Scheduler(FakeBackend(base_url="fake://explicit")) as explicit:
         llm = BatchedChatModel(model="m", scheduler=explicit)
         assert llm.get_scheduler() is explicit
