@@ -2,9 +2,11 @@
 
 `fan_out` writes one custom stream event (a plain, JSON-serialisable dict)
 when a run starts, when each sibling starts, finishes or fails, and when the
-run is done. They reach `graph.astream(..., stream_mode="custom",
-subgraphs=True)` and LangGraph Studio; every event carries `"type":
-"lgb.fan_out"` plus the counters needed to draw a bar:
+run is done. They are written as the fan_out node itself (in its graph's
+namespace), so `graph.astream(..., stream_mode="custom")` sees them for a
+fan_out in the top-level graph, and `subgraphs=True` is needed only for a
+fan_out nested in a subgraph; LangGraph Studio shows them too. Every event
+carries `"type": "lgb.fan_out"` plus the counters needed to draw a bar:
 
 ```python
 {"type": "lgb.fan_out", "event": "sibling_finished", "node": "review",
@@ -238,8 +240,8 @@ async def render_progress(
 ) -> AsyncIterator[_T]:
     """Pass every item of `chunks` through, drawing fan_out progress on `stream`.
 
-    Use with `stream_mode` including `"custom"` and `subgraphs=True`, or the
-    events of siblings deeper than the fan_out node are not streamed.
+    Use with `stream_mode` including `"custom"`; add `subgraphs=True` when
+    the fan_out node sits inside a subgraph.
 
     Args:
         chunks: what `graph.astream(...)` (or the SDK's `runs.stream`) yields.

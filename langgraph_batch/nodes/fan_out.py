@@ -52,6 +52,7 @@ import hashlib
 import importlib
 import logging
 import operator
+import sys
 import traceback as tb
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -230,6 +231,17 @@ def _group_id(config: RunnableConfig) -> str:
     return uuid.uuid4().hex[:8]
 
 
+def _forget_run(group: str) -> None:
+    """Drop what coalesced tools cached for this run (the tools module is optional here)."""
+    tools = sys.modules.get("langgraph_batch.tools")
+    forget = getattr(tools, "forget_run", None)
+    if callable(forget):
+        try:
+            forget(group)
+        except Exception:
+            logger.debug("fan_out: forget_run(%s) failed", group, exc_info=True)
+
+
 def _default_input(item: Any, index: int) -> Any:
     return item
 
@@ -397,7 +409,10 @@ def _build_runner(spec: _Spec, inner: Any) -> Callable[..., Any]:
             run.emit("done")
             return {spec.into: []}
         child = merge_configs(config, {"configurable": {_RUN_KEY: run}})
-        out = await inner.ainvoke({"items": items}, child)
+        try:
+            out = await inner.ainvoke({"items": items}, child)
+        finally:
+            _forget_run(run.group)
         results = spec.collect(run, out.get("results") or [])
         errors = [r for r in results if isinstance(r, SiblingError)]
         run.done, run.failed = len(results), len(errors)
