@@ -1,0 +1,239 @@
+"""VLLMBackend: vLLM extras on the wire, metrics, batching and the batch-endpoint fallback."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from langgraph_batch.backends import ChatRequest, VLLMBackend
+from langgraph_batch.errors import (
+    BackendServerError,
+    ContextLengthExceededError,
+    ModelNotFoundError,
+)
+from tests.unit.backends._fakes import Recorder, completion, error_body
+from tests.unit.backends.test_prometheus import VLLM_METRICS
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def make(recorder: Recorder, **kw: object) -> VLLMBackend:
+    return VLLMBackend("http://srv:8000", transport=recorder.transport, **kw)  # type: ignore[arg-type]
+
+
+def req(**kw: object) -> ChatRequest:
+    kw.setdefault("model", "m")
+    kw.setdefault("messages", MESSAGES)
+    return ChatRequest(**kw)  # type: ignore[arg-type]
+
+
+async def test_request_id_on_the_wire_priority_off_by_default(recorder: Recorder) -> None:
+    recorder.handler = lambda r: httpx.Response(200, json=completion())
+    async with make(recorder) as b:
+        assert b.capabilities.flavor == "vllm"
+        assert b.capabilities.priority is False
+        await b.chat(req(request_id="lgb-s3-t1-ab", priority=5))
+    sent = recorder.requests[0]
+    assert sent.headers["x-request-id"] == "lgb-s3-t1-ab"
+    assert recorder.last_body["request_id"] == "lgb-s3-t1-ab"
+    assert "priority" not in recorder.last_body  # ignored under fcfs: not sent
+
+
+async def test_priority_sent_when_configured(recorder: Recorder) -> None:
+    recorder.handler = lambda r: httpx.Response(200, json=completion())
+    async with make(recorder, priority_scheduling=True) as b:
+        assert b.capabilities.priority is True
+        await b.chat(req(priority=-3))
+        await b.chat(req(priority=7, stream=False))
+    assert [r["priority"] for r in (recorder.last_body,)] == [7]
+    import json
+
+    assert json.loads(recorder.requests[0].content)["priority"] == -3  # lower = sooner, as is
+
+
+async def test_no_request_id_no_header(recorder: Recorder) -> None:
+    recorder.handler = lambda r: httpx.Response(200, json=completion())
+    async with make(recorder) as b:
+        await b.chat(req())
+    assert "x-request-id" not in recorder.requests[0].headers
+    assert "request_id" not in recorder.last_body
+
+
+async def test_response_format_passes_through_and_guided_json_is_translated(
+    recorder: Recorder,
+) -> None:
+    recorder.handler = lambda r: httpx.Response(200, json=completion('{"a": 1}'))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema}}
+    async with make(recorder) as b:
+        await b.chat(req(params={"response_format": rf}))
+        assert recorder.last_body["response_format"] == rf
+        await b.chat(req(params={"guided_json": schema, "guided_regex": "a+"}))
+    body = recorder.last_body
+    assert "guided_json" not in body
+    assert "guided_regex" not in body
+    assert body["response_format"]["json_schema"]["schema"] == schema
+    assert body["structured_outputs"] == {"regex": "a+"}
+
+
+async def test_metrics(recorder: Recorder) -> None:
+    recorder.handler = lambda r: httpx.Response(200, text=VLLM_METRICS)
+    async with make(recorder) as b:
+        m = await b.metrics()
+    assert str(recorder.requests[0].url) == "http://srv:8000/metrics"
+    assert m is not None
+    assert m.kv_capacity_tokens == 880000
+    assert m.num_requests_running == 20.0
+
+
+async def test_metrics_unavailable(recorder: Recorder) -> None:
+    recorder.handler = lambda r: httpx.Response(500, text="boom")
+    async with make(recorder) as b:
+        with pytest.raises(BackendServerError):
+            await b.metrics()
+
+
+def _batch_handler(recorder: Recorder, *, batch_status: int | None = None) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+
+        body = json.loads(request.content)
+        path = request.url.path
+        if path == "/v1/chat/completions/batch":
+            if batch_status is not None:
+                return httpx.Response(batch_status, json={"detail": "Not Found"})
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": f"answer to {conv[-1]['content']}"},
+                    "finish_reason": "stop",
+                }
+                for i, conv in reversed(list(enumerate(body["messages"])))
+            ]
+            return httpx.Response(
+                200,
+                json={
+                    "id": f"chatcmpl-{body.get('request_id', 'x')}",
+                    "model": "m",
+                    "choices": choices,
+                    "usage": {"prompt_tokens": 9, "completion_tokens": 9},
+                },
+            )
+        if path == "/v1/completions":
+            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            return httpx.Response(
+                200,
+                json={
+                    "id": "cmpl-1",
+                    "model": "m",
+                    "choices": [
+                        {"index": i, "text": p.upper(), "finish_reason": "length"}
+                        for i, p in enumerate(prompts)
+                    ],
+                    "usage": {"prompt_tokens": 2, "completion_tokens": 2},
+                },
+            )
+        if path == "/v1/chat/completions":
+            return httpx.Response(200, json=completion(f"single {body['messages'][-1]['content']}"))
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    recorder.handler = handler
+
+
+def conv(text: str, **kw: object) -> ChatRequest:
+    return req(messages=[{"role": "user", "content": text}], batchable=True, **kw)
+
+
+async def test_complete_batch_chat_endpoint(recorder: Recorder) -> None:
+    _batch_handler(recorder)
+    params = {"max_tokens": 8, "temperature": 0.0}
+    requests = [conv(t, params=params, request_id=f"r{i}") for i, t in enumerate("abc")]
+    async with make(recorder) as b:
+        assert b.capabilities.batch_completions
+        out = await b.complete_batch(requests)
+    assert [r.content for r in out] == ["answer to a", "answer to b", "answer to c"]
+    assert [r.request_id for r in out] == ["r0", "r1", "r2"]
+    assert [r.id for r in out] == ["chatcmpl-r0_0", "chatcmpl-r0_1", "chatcmpl-r0_2"]
+    assert all(r.usage is None for r in out)  # only the total is reported
+    assert len(recorder.requests) == 1
+    body = recorder.last_body
+    assert body["messages"] == [[{"role": "user", "content": t}] for t in "abc"]
+    assert body["max_tokens"] == 8
+    assert "stream" not in body
+
+
+async def test_complete_batch_groups_by_params_and_routes_the_rest(recorder: Recorder) -> None:
+    _batch_handler(recorder)
+    requests = [
+        conv("a", params={"max_tokens": 8}),
+        req(messages=(), params={"prompt": "p1", "max_tokens": 4}),
+        conv("b", params={"max_tokens": 8}),
+        conv("tool", params={"max_tokens": 8, "tools": [{"type": "function"}]}),
+        req(messages=(), params={"prompt": "p2", "max_tokens": 4}),
+        conv("c", params={"max_tokens": 99}),
+    ]
+    async with make(recorder) as b:
+        out = await b.complete_batch(requests)
+    assert [r.content for r in out] == [
+        "answer to a",
+        "P1",
+        "answer to b",
+        "single tool",
+        "P2",
+        "single c",
+    ]
+    paths = sorted(r.url.path for r in recorder.requests)
+    assert paths == [
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions/batch",
+        "/v1/completions",
+    ]
+    prompt_call = next(r for r in recorder.requests if r.url.path == "/v1/completions")
+    import json
+
+    assert json.loads(prompt_call.content)["prompt"] == ["p1", "p2"]
+
+
+async def test_complete_batch_falls_back_on_404_and_remembers(recorder: Recorder) -> None:
+    _batch_handler(recorder, batch_status=404)
+    async with make(recorder) as b:
+        out = await b.complete_batch([conv("a"), conv("b")])
+        assert [r.content for r in out] == ["single a", "single b"]
+        assert [r.url.path for r in recorder.requests].count("/v1/chat/completions/batch") == 1
+        out = await b.complete_batch([conv("c"), conv("d")])
+        assert [r.content for r in out] == ["single c", "single d"]
+    # second round went straight to one-by-one
+    assert [r.url.path for r in recorder.requests].count("/v1/chat/completions/batch") == 1
+    assert len(recorder.requests) == 5
+
+
+async def test_complete_batch_model_404_is_not_a_fallback(recorder: Recorder) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m2"}]})
+        return httpx.Response(404, json=error_body("The model `m` does not exist.", code=404))
+
+    recorder.handler = handler
+    async with make(recorder) as b:
+        with pytest.raises(ModelNotFoundError, match="m2"):
+            await b.complete_batch([conv("a"), conv("b")])
+        assert b._chat_batch_supported is None
+
+
+async def test_complete_batch_error_fails_the_batch(recorder: Recorder) -> None:
+    msg = "Input length (40000) exceeds model's maximum context length (32768)."
+    recorder.handler = lambda r: httpx.Response(400, json=error_body(msg))
+    async with make(recorder) as b:
+        with pytest.raises(ContextLengthExceededError) as info:
+            await b.complete_batch([conv("a"), conv("b")])
+    assert info.value.max_model_len == 32768
+
+
+async def test_complete_batch_single_and_empty(recorder: Recorder) -> None:
+    _batch_handler(recorder)
+    async with make(recorder) as b:
+        assert await b.complete_batch([]) == []
+        out = await b.complete_batch([conv("solo")])
+    assert [r.content for r in out] == ["single solo"]
+    assert recorder.requests[0].url.path == "/v1/chat/completions"
