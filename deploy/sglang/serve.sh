@@ -28,8 +28,8 @@ args=(
   --enable-cache-report
   # OpenAI tool calls (ReAct agents).
   --tool-call-parser "$TOOL_CALL_PARSER"
-  # Honour the `priority` the scheduler sends. SGLang runs HIGHER values first by
-  # default; the SGLang backend adapts the sign, so keep the engine's default here.
+  # Lets the server honour per-request priorities (HIGHER runs first on SGLang). The client
+  # sends them only with backend_from_url(url, priority_scheduling=True); see README.md.
   --enable-priority-scheduling
   --max-running-requests "$MAX_RUNNING_REQUESTS"
   --mem-fraction-static "$MEM_FRACTION_STATIC"
