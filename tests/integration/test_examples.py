@@ -47,7 +47,7 @@ def test_compose_file_is_valid_and_complete() -> None:
     assert app["depends_on"]["vllm"]["condition"] == "service_healthy"
     assert "/ok" in " ".join(app["healthcheck"]["test"])
     dockerfile = REPO / "deploy" / app["build"]["dockerfile"]
-    assert (REPO / app["build"]["context"].removeprefix("../")).resolve() == REPO
+    assert (DEPLOY / app["build"]["context"]).resolve() == REPO  # relative to compose.yml
     assert dockerfile.is_file()
     for path in re.findall(r"^COPY (\S+)", dockerfile.read_text(), flags=re.M):
         assert (REPO / path).exists(), f"{dockerfile.name} copies missing {path}"
