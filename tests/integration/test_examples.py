@@ -46,7 +46,7 @@ def test_compose_file_is_valid_and_complete() -> None:
     assert app["environment"]["LGB_BACKEND_URL"] == "vllm://vllm:8000"
     assert app["depends_on"]["vllm"]["condition"] == "service_healthy"
     assert "/ok" in " ".join(app["healthcheck"]["test"])
-    dockerfile = REPO / "deploy" / app["build"]["dockerfile"]
+    dockerfile = REPO / app["build"]["dockerfile"]  # relative to the build context
     assert (DEPLOY / app["build"]["context"]).resolve() == REPO  # relative to compose.yml
     assert dockerfile.is_file()
     for path in re.findall(r"^COPY (\S+)", dockerfile.read_text(), flags=re.M):
