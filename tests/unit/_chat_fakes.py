@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ class FakeBackend(Backend):
         self.peak = 0
         self.started = asyncio.Event()
         self.cancelled = 0
+        self.cancelled_event = threading.Event()
         self.closed = False
 
     async def chat(
@@ -115,6 +117,7 @@ class FakeBackend(Backend):
             )
         except asyncio.CancelledError:
             self.cancelled += 1
+            self.cancelled_event.set()
             raise
         finally:
             self.inflight -= 1

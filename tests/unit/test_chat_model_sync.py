@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,19 @@ def test_sync_stream_and_streaming_invoke() -> None:
     streaming, backend2 = make(streaming=True)
     assert streaming.invoke("hi").content == "hello world"
     assert backend2.requests[0].stream is True
+
+
+def test_closing_a_sync_stream_cancels_the_call() -> None:
+    gate = asyncio.Event()  # never set: the call stays open until cancelled
+    backend = FakeBackend(
+        lambda r: Reply(content="a b c"), base_url=f"fake://{uuid.uuid4().hex}", gate=gate
+    )
+    llm = BatchedChatModel(model="m", backend=backend)
+    stream = llm.stream("q")
+    assert next(stream).text == "a"
+    stream.close()
+    assert backend.cancelled_event.wait(10)
+    assert backend.cancelled == 1
 
 
 def test_sync_errors_propagate() -> None:
