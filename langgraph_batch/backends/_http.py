@@ -195,6 +195,10 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
 _CONTEXT_PATTERNS = tuple(
     re.compile(p, re.IGNORECASE | re.DOTALL)
     for p in (
+        # vLLM 0.6: "... maximum context length is 4096 tokens. However, you requested 5000
+        # tokens in the messages, Please reduce the length of the messages."
+        r"maximum context length is (?P<max>\d+) tokens.*?requested (?P<prompt>\d+) tokens in the"
+        r" messages",
         # vLLM <= 0.10 / OpenAI: "... maximum context length is 32768 tokens. However, you
         # requested 40000 tokens (39000 in the messages, 1000 in the completion)."
         r"maximum context length is (?P<max>\d+) tokens.*?requested (?P<total>\d+) tokens"
@@ -208,7 +212,7 @@ _CONTEXT_PATTERNS = tuple(
         r"maximum context length is (?P<max>\d+) tokens.*?prompt contains \d+ characters",
         # vLLM 0.8-0.10: "'max_tokens' ... is too large: 1000. This model's maximum context
         # length is 32768 tokens and your request has 32000 input tokens"
-        r"maximum context length is (?P<max>\d+) tokens and your request has (?P<prompt>\d+)"
+        r"maximum context length is (?P<max>\d+) tokens.*?your request has (?P<prompt>\d+)"
         r" input tokens",
         # OpenAI: "... However, your messages resulted in 130000 tokens"
         r"maximum context length is (?P<max>\d+) tokens.*?resulted in (?P<prompt>\d+) tokens",

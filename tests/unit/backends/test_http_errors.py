@@ -117,6 +117,18 @@ class TestContextLengthMessages:
             ),
             ("Input length (40000) exceeds model's maximum context length (32768).", 40000, 32768),
             (
+                "This model's maximum context length is 4096 tokens. However, you requested 5000 "
+                "tokens in the messages, Please reduce the length of the messages.",
+                5000,
+                4096,
+            ),
+            (
+                "This model's maximum context length is 32768 tokens. However, your request has "
+                "40000 input tokens. Please reduce the length of the input messages.",
+                40000,
+                32768,
+            ),
+            (
                 "The engine prompt length 40000 exceeds the max_model_len 32768. Please reduce "
                 "prompt.",
                 40000,
