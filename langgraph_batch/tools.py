@@ -22,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-import weakref
-from collections import OrderedDict
+import uuid
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -43,6 +41,7 @@ from langgraph.types import Command
 
 from langgraph_batch._coalesce import Coalescer
 from langgraph_batch._context import current_sibling
+from langgraph_batch._tool_stats import STATS, ToolStats, reset_tool_stats, tool_stats
 
 if TYPE_CHECKING:
     from langgraph_batch._middleware import BatchMiddleware
@@ -64,12 +63,14 @@ __all__ = (
 logger = logging.getLogger(__name__)
 
 METADATA_KEY = "langgraph_batch_coalesce"
-"""Key of the `CoalescePolicy` in a coalesced tool's `metadata`."""
+"""Key of a coalesced tool's policy summary in its `metadata` (a JSON-safe dict
+with the policy's `id`; metadata reaches tracers, so it holds no live objects)."""
 
 ToolResult = ToolMessage | Command[Any]
 Execute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
 
-_ALL_COALESCERS: weakref.WeakSet[Coalescer[Any]] = weakref.WeakSet()
+_POLICIES: dict[str, CoalescePolicy] = {}
+"""Every policy `coalesce()` made, by id (one per coalesce() call: a handful)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -121,7 +122,6 @@ class CoalescePolicy:
             share_errors=self.share_errors,
         )
         object.__setattr__(self, "coalescer", coalescer)
-        _ALL_COALESCERS.add(coalescer)
 
     def call_key(self, tool_name: str, args: Mapping[str, Any]) -> Hashable:
         """What makes a call identical to another: `(tool name, key(args))`.
@@ -255,7 +255,18 @@ def coalesce(
         rate_limit=rate_limit,
         share_errors=share_errors,
     )
-    metadata = {**(base.metadata or {}), METADATA_KEY: policy}
+    policy_id = uuid.uuid4().hex
+    _POLICIES[policy_id] = policy
+    summary = {
+        "id": policy_id,
+        "scope": scope,
+        "ttl": ttl,
+        "key": getattr(key, "__qualname__", repr(key)) if key is not None else None,
+        "max_concurrency": max_concurrency,
+        "rate_limit": rate_limit,
+        "share_errors": share_errors,
+    }
+    metadata = {**(base.metadata or {}), METADATA_KEY: summary}
     return base.model_copy(update={"metadata": metadata})
 
 
@@ -276,8 +287,10 @@ def coalesce_policy(tool: BaseTool | None) -> CoalescePolicy | None:
     """
     if tool is None or not tool.metadata:
         return None
-    policy = tool.metadata.get(METADATA_KEY)
-    return policy if isinstance(policy, CoalescePolicy) else None
+    summary = tool.metadata.get(METADATA_KEY)
+    if not isinstance(summary, dict):
+        return None
+    return _POLICIES.get(str(summary.get("id")))
 
 
 def forget_run(group: str) -> None:
@@ -294,137 +307,8 @@ def forget_run(group: str) -> None:
         forget_run(sibling.group)
         ```
     """
-    for coalescer in list(_ALL_COALESCERS):
-        coalescer.forget_scope(group)
-
-
-# ---------------------------------------------------------------------------------------
-# Counters
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ToolStats:
-    """Tool calls requested vs executed (a snapshot).
-
-    `requested - shared` calls ran the tool themselves; with coalescing,
-    `executed` equals the number of distinct call keys.
-
-    Example:
-        ```python
-        stats = tool_stats(group=sibling.group)
-        print(stats.requested, stats.executed, stats.by_tool["search"].shared)
-        ```
-    """
-
-    requested: int = 0
-    """Tool calls that reached the hook."""
-    executed: int = 0
-    """Times a tool actually ran."""
-    shared: int = 0
-    """Calls answered by another call's execution (in flight or stored)."""
-    errors: int = 0
-    """Executions that raised or returned an error `ToolMessage`."""
-    by_tool: Mapping[str, ToolStats] = field(default_factory=dict)
-    """The same counters per tool name (their `by_tool` is empty)."""
-
-
-_FIELDS = ("requested", "executed", "shared", "errors")
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self.by_tool: dict[str, list[int]] = {}
-
-    def add(self, tool: str, index: int) -> None:
-        row = self.by_tool.get(tool)
-        if row is None:
-            row = self.by_tool[tool] = [0, 0, 0, 0]
-        row[index] += 1
-
-    def snapshot(self) -> ToolStats:
-        totals = [0, 0, 0, 0]
-        per_tool: dict[str, ToolStats] = {}
-        for name, row in self.by_tool.items():
-            per_tool[name] = _stats_of(row, {})
-            totals = [a + b for a, b in zip(totals, row, strict=True)]
-        return _stats_of(totals, per_tool)
-
-
-def _stats_of(row: list[int], by_tool: dict[str, ToolStats]) -> ToolStats:
-    return ToolStats(
-        requested=row[0], executed=row[1], shared=row[2], errors=row[3], by_tool=by_tool
-    )
-
-
-class _StatsRegistry:
-    max_groups = 1024
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # loops in several threads may count at once
-        self.total = _Counters()
-        self.groups: OrderedDict[str, _Counters] = OrderedDict()
-
-    def add(self, tool: str, group: str | None, what: str) -> None:
-        index = _FIELDS.index(what)
-        with self._lock:
-            self.total.add(tool, index)
-            if group is None:
-                return
-            counters = self.groups.get(group)
-            if counters is None:
-                counters = self.groups[group] = _Counters()
-                while len(self.groups) > self.max_groups:
-                    self.groups.popitem(last=False)
-            counters.add(tool, index)
-
-    def snapshot(self, group: str | None) -> ToolStats:
-        with self._lock:
-            if group is None:
-                return self.total.snapshot()
-            counters = self.groups.get(group)
-            return counters.snapshot() if counters is not None else ToolStats()
-
-    def reset(self) -> None:
-        with self._lock:
-            self.total = _Counters()
-            self.groups.clear()
-
-
-_STATS = _StatsRegistry()
-
-
-def tool_stats(group: str | None = None) -> ToolStats:
-    """Tool calls requested, executed, shared and failed, for one run or the process.
-
-    Counted for every tool call that goes through `BatchToolNode` or
-    `BatchMiddleware` in an async run, coalesced or not.
-
-    Args:
-        group: A fan_out run (`SiblingInfo.group`); None for process totals.
-
-    Returns:
-        A snapshot; an empty one for an unknown group.
-
-    Example:
-        ```python
-        stats = tool_stats()
-        saved = stats.requested - stats.executed
-        ```
-    """
-    return _STATS.snapshot(group)
-
-
-def reset_tool_stats() -> None:
-    """Zero every tool counter (process totals and runs).
-
-    Example:
-        ```python
-        reset_tool_stats()
-        assert tool_stats().requested == 0
-        ```
-    """
-    _STATS.reset()
+    for policy in list(_POLICIES.values()):
+        policy.coalescer.forget_scope(group)
 
 
 # ---------------------------------------------------------------------------------------
@@ -476,22 +360,22 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
     sibling = current_sibling()
     group = sibling.group if sibling is not None else None
     name = request.tool_call["name"]
-    _STATS.add(name, group, "requested")
+    STATS.add(name, group, "requested")
     executed = False
 
     async def run_own() -> ToolResult:
         nonlocal executed
         executed = True
-        _STATS.add(name, group, "executed")
+        STATS.add(name, group, "executed")
         try:
             result = await execute(request)
         except GraphBubbleUp:
             raise
         except Exception:
-            _STATS.add(name, group, "errors")
+            STATS.add(name, group, "errors")
             raise
         if _is_error(result):
-            _STATS.add(name, group, "errors")
+            STATS.add(name, group, "errors")
         return result
 
     policy = coalesce_policy(request.tool)
@@ -512,7 +396,7 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
         share_exception=_share_exception,
     )
     if not executed:
-        _STATS.add(name, group, "shared")
+        STATS.add(name, group, "shared")
     return _for_caller(result, request.tool_call["id"])
 
 

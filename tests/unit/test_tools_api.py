@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Any
 
 import pytest
@@ -60,6 +61,9 @@ async def test_coalesced_tool_is_still_an_ordinary_tool() -> None:
     assert await marked.ainvoke({"x": 3}) == 6
     assert coalesce_policy(marked) is not None
     assert coalesce_policy(double) is None  # the original is not marked
+    # Metadata reaches tracers: it must stay JSON-safe.
+    summary = json.loads(json.dumps(marked.metadata))["langgraph_batch_coalesce"]
+    assert summary["scope"] == "run"
     assert coalesce_policy(None) is None
 
 
