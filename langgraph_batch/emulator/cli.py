@@ -1,0 +1,127 @@
+"""`langgraph-batch emulate`: serve the vLLM/SGLang emulator over HTTP.
+
+Prints one line `langgraph-batch emulator ready at http://HOST:PORT` on
+stdout once it listens (with `--port 0`, the port it picked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
+from langgraph_batch.emulator.costs import PROFILES
+
+__all__ = ("build_parser", "config_from_args", "main")
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `langgraph-batch emulate`."""
+    d = EmulatorConfig()
+    p = argparse.ArgumentParser(
+        prog="langgraph-batch emulate",
+        description="An emulated vLLM (or SGLang) server: real HTTP, modelled GPU timing.",
+    )
+    p.add_argument("--host", default=d.host, help="bind address (default: loopback)")
+    p.add_argument("--port", type=int, default=d.port, help="port; 0 picks a free one")
+    p.add_argument("--profile", default=d.profile, choices=sorted(PROFILES))
+    p.add_argument("--flavor", default=d.flavor, choices=["vllm", "sglang"])
+    p.add_argument("--scenario", default=d.scenario, choices=["agent", "echo"])
+    p.add_argument("--time-scale", type=float, default=d.time_scale,
+                   help="engine seconds per wall second (50: 50x faster than the GPU)")  # fmt: skip
+    p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity in tokens")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
+    p.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
+    p.add_argument("--model", default=d.model, help="served model name")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--output-tokens", type=int, default=d.output_tokens,
+                   help="length of a final answer / echo text")  # fmt: skip
+    p.add_argument("--turns", type=int, default=d.turns, help="agent: model calls per conversation")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=d.enable_prefix_caching)  # fmt: skip
+    p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction,
+                   default=d.enable_auto_tool_choice)  # fmt: skip
+    p.add_argument("--prompt-tokens-details", action=argparse.BooleanOptionalAction,
+                   default=d.prompt_tokens_details,
+                   help="report usage.prompt_tokens_details.cached_tokens")  # fmt: skip
+    p.add_argument("--fault-rate", type=float, default=d.fault_rate)
+    p.add_argument("--faults", default=",".join(d.faults),
+                   help=f"comma-separated, from: {', '.join(FAULTS)}")  # fmt: skip
+    p.add_argument("--slow-first-token-s", type=float, default=d.slow_first_token_s)
+    p.add_argument("--retry-after-s", type=float, default=d.retry_after_s)
+    p.add_argument("--log-level", default=d.log_level,
+                   choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    """An `EmulatorConfig` from parsed arguments."""
+    return EmulatorConfig(
+        host=args.host,
+        port=args.port,
+        profile=args.profile,
+        flavor=args.flavor,
+        scenario=args.scenario,
+        time_scale=args.time_scale,
+        kv_tokens=args.kv_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_batched_tokens=args.max_batched_tokens,
+        scheduling_policy=args.scheduling_policy,
+        model=args.model,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        output_tokens=args.output_tokens,
+        turns=args.turns,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        prompt_tokens_details=args.prompt_tokens_details,
+        fault_rate=args.fault_rate,
+        faults=tuple(f for f in args.faults.split(",") if f),
+        slow_first_token_s=args.slow_first_token_s,
+        retry_after_s=args.retry_after_s,
+        log_level=args.log_level,
+    )
+
+
+async def _run(config: EmulatorConfig) -> None:
+    import uvicorn
+
+    from langgraph_batch.emulator.process import READY_PREFIX, _bound_port, _uvicorn_config
+    from langgraph_batch.emulator.server import EmulatorServer
+
+    server = EmulatorServer(config)
+    userver = uvicorn.Server(_uvicorn_config(server))
+    task = asyncio.get_running_loop().create_task(userver.serve())
+    while not userver.started:
+        if task.done():
+            await task
+            return
+        await asyncio.sleep(0.01)
+    url = f"http://{config.host}:{_bound_port(userver)}"
+    sys.stdout.write(f"{READY_PREFIX}{url}\n")
+    sys.stdout.flush()
+    logger.info("emulator serving %s on %s (profile %s)", config.model, url, config.profile)
+    await task
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `langgraph-batch emulate`; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_run(config))
+    except KeyboardInterrupt:
+        return 0
+    return 0

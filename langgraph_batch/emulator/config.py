@@ -1,0 +1,133 @@
+"""`EmulatorConfig`: every option of the emulator, for the CLI and for Python."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+from langgraph_batch.emulator.costs import get_profile
+
+__all__ = ("FAULTS", "EmulatorConfig")
+
+FAULTS = ("429", "500", "503", "drop", "truncate", "bad_tool_args", "slow_first_token")
+"""Fault names accepted per request (`emulator.fault`) and in `faults`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmulatorConfig:
+    """Options of one emulated inference server.
+
+    Example:
+        ```python
+        cfg = EmulatorConfig(port=0, time_scale=50.0)
+        with EmulatorProcess(cfg) as emu:
+            print(emu.url)
+        ```
+
+    Raises:
+        ValueError: an option is out of range or unknown (at construction).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    """0 picks a free port (the server reports it)."""
+    profile: str = "h100-llama3-8b"
+    """Cost model: h100-llama3-8b, a100-llama3-8b, a10g-qwen2.5-7b or zero."""
+    flavor: Literal["vllm", "sglang"] = "vllm"
+    scenario: Literal["agent", "echo"] = "agent"
+    time_scale: float = 1.0
+    """Engine seconds per wall second (50 runs 50x faster than the GPU)."""
+    kv_tokens: int | None = None
+    """KV capacity in tokens (default: the profile's)."""
+    max_num_seqs: int = 1024
+    max_batched_tokens: int = 8192
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    model: str = "emulated-llama-3-8b"
+    max_model_len: int = 32768
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    output_tokens: int = 64
+    """Default length of a final answer / echo text, in tokens."""
+    turns: int = 2
+    """Agent scenario: model calls per conversation (turns-1 tool calls)."""
+    enable_auto_tool_choice: bool = True
+    """Like vLLM's --enable-auto-tool-choice; off: `tool_choice: auto` is a 400."""
+    prompt_tokens_details: bool = True
+    """Report `usage.prompt_tokens_details.cached_tokens` (vLLM's
+    --enable-prompt-tokens-details)."""
+    fault_rate: float = 0.0
+    """Probability that a request gets one of `faults` (seeded by `seed`)."""
+    faults: tuple[str, ...] = ("429", "500", "503")
+    slow_first_token_s: float = 2.0
+    """Extra engine seconds before the first token under `slow_first_token`."""
+    retry_after_s: float = 1.0
+    """`Retry-After` of injected 429s."""
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        get_profile(self.profile)
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.flavor not in ("vllm", "sglang"):
+            raise ValueError(f"flavor must be 'vllm' or 'sglang', got {self.flavor!r}")
+        if self.scenario not in ("agent", "echo"):
+            raise ValueError(f"scenario must be 'agent' or 'echo', got {self.scenario!r}")
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.kv_tokens is not None and self.kv_tokens < 16:
+            raise ValueError(f"kv_tokens must be >= 16, got {self.kv_tokens}")
+        for name in ("max_num_seqs", "max_batched_tokens", "max_model_len", "turns"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.output_tokens < 0:
+            raise ValueError(f"output_tokens must be >= 0, got {self.output_tokens}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+            )
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
+        bad = [f for f in self.faults if f not in FAULTS]
+        if bad:
+            raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
+
+    def with_overrides(self, **overrides: Any) -> EmulatorConfig:
+        """A copy with some options changed (unknown names raise TypeError)."""
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"unknown EmulatorConfig options: {unknown}")
+        return replace(self, **overrides)
+
+    def to_argv(self) -> list[str]:
+        """Command-line arguments of `langgraph-batch emulate` for this config."""
+        argv = [
+            f"--host={self.host}",
+            f"--port={self.port}",
+            f"--profile={self.profile}",
+            f"--flavor={self.flavor}",
+            f"--scenario={self.scenario}",
+            f"--time-scale={self.time_scale!r}",
+            f"--max-num-seqs={self.max_num_seqs}",
+            f"--max-batched-tokens={self.max_batched_tokens}",
+            f"--scheduling-policy={self.scheduling_policy}",
+            f"--model={self.model}",
+            f"--max-model-len={self.max_model_len}",
+            f"--seed={self.seed}",
+            f"--output-tokens={self.output_tokens}",
+            f"--turns={self.turns}",
+            f"--fault-rate={self.fault_rate!r}",
+            f"--faults={','.join(self.faults)}",
+            f"--slow-first-token-s={self.slow_first_token_s!r}",
+            f"--retry-after-s={self.retry_after_s!r}",
+            f"--log-level={self.log_level}",
+        ]
+        if self.kv_tokens is not None:
+            argv.append(f"--kv-tokens={self.kv_tokens}")
+        if not self.enable_prefix_caching:
+            argv.append("--no-enable-prefix-caching")
+        if not self.enable_auto_tool_choice:
+            argv.append("--no-enable-auto-tool-choice")
+        if not self.prompt_tokens_details:
+            argv.append("--no-prompt-tokens-details")
+        return argv

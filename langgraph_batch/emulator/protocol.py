@@ -1,0 +1,91 @@
+"""vLLM's JSON shapes: errors, chat completions, chunks, usage, metrics text."""
+
+from __future__ import annotations
+
+import json
+import time
+from http import HTTPStatus
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+__all__ = ("chat_chunk", "error_response", "sse", "usage_dict")
+
+
+def error_response(
+    message: str,
+    *,
+    status: int = 400,
+    err_type: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """VLLM's `ErrorResponse`: `{"error": {"message", "type", "param", "code"}}`.
+
+    `code` is the HTTP status as an int, `type` vLLM's name for it
+    (`BadRequestError`, `NotFoundError`, ...).
+    """
+    if err_type is None:
+        err_type = {
+            400: "BadRequestError",
+            404: "NotFoundError",
+            429: "RateLimitError",
+            500: "InternalServerError",
+            501: "NotImplementedError",
+            503: "ServiceUnavailableError",
+        }.get(status, HTTPStatus(status).phrase)
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def usage_dict(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None, *, details: bool
+) -> dict[str, Any]:
+    """OpenAI/vLLM `usage` (with `prompt_tokens_details` only when enabled)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens or 0} if details else None,
+    }
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One server-sent event line pair."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    *,
+    finish_reason: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A `chat.completion.chunk` with one choice."""
+    out: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                **({"stop_reason": None} if finish_reason else {}),
+            }
+        ],
+    }
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def now_s() -> int:
+    """`created` timestamp."""
+    return int(time.time())
