@@ -147,7 +147,7 @@ def _start_emulator(port: int) -> Any:
             time_scale=time_scale,
         )
     )
-    emulator.__enter__()
+    emulator.start()
     _emulator = emulator
     atexit.register(stop_emulator)
     logger.info("started the built-in emulator (EMULATED) at %s", emulator.url)
@@ -160,7 +160,7 @@ def stop_emulator() -> None:
     with _lock:
         emulator, _emulator = _emulator, None
     if emulator is not None:
-        emulator.__exit__(None, None, None)
+        emulator.stop()
 
 
 def _ensure_backend_sync() -> Settings:

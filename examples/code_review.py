@@ -176,7 +176,7 @@ SYSTEM_PROMPT = (
 def task_text(file: dict[str, str]) -> str:
     """The reviewer's task for one file (carries the `key=<package>` tag)."""
     return (
-        f"Review {file['path']} (package {file['package']}, key={file['package']}).\n\n"
+        f"Review {file['path']} of the {file['package']} package. key={file['package']}\n\n"
         f"```python\n{file['content']}```"
     )
 

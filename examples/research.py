@@ -136,7 +136,7 @@ def sibling_task(question: str, index: int, clusters: int) -> str:
     """A research sibling's task (carries the `key=<cluster>` tag)."""
     return (
         f"Research this question and answer it in a short paragraph, citing what you found "
-        f"with search: {question} (sub-question {index + 1}, key=cluster-{index % clusters})"
+        f"with search: {question}\n(sub-question {index + 1}) key=cluster-{index % clusters}"
     )
 
 

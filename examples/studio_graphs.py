@@ -1,52 +1,89 @@
-"""Graphs for LangGraph Studio (`langgraph dev`), registered in the repo's langgraph.json.
+"""A minimal fan-out for LangGraph Studio: one single-call sibling per topic.
 
-TEMPORARY: a trivial Send fan-out that proves the Studio harness until
-`langgraph_batch.nodes.fan_out` lands.
+Registered in the repository's `langgraph.json` as `fan_out_demo`, next to the
+`code_review` and `research` examples. Input: `{"topics": [...]}` or
+`{"n": 20}`; output: `results` (one `{topic, answer}` per topic, in input
+order, or a `SiblingError` record) and `summary`.
+
+Like every example graph it talks to `LGB_BACKEND_URL` when set, else to the
+built-in emulator, started on first use (see examples/_common.py).
 """
 
 from __future__ import annotations
 
-import operator
-from typing import Annotated, Any, TypedDict
+import sys
+from pathlib import Path
+from typing import Any, TypedDict
 
-from langgraph.config import get_stream_writer
+from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Send
+from langgraph.graph.state import CompiledStateGraph
+
+if __package__ in (None, ""):  # run as a script: make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from examples import _common
+from langgraph_batch.nodes.fan_out import SiblingError, fan_out
 
 
-class SiblingState(TypedDict):
+class AnswerState(TypedDict, total=False):
     topic: str
     answer: str
 
 
-class ParentState(TypedDict, total=False):
+class DemoState(TypedDict, total=False):
     topics: list[str]
-    results: Annotated[list[str], operator.add]
+    n: int
+    results: list[Any]
+    summary: dict[str, int]
 
 
-async def _answer(state: SiblingState) -> dict[str, Any]:
-    get_stream_writer()({"event": "sibling_finished", "topic": state["topic"]})
-    return {"answer": state["topic"].upper()}
+def build_answerer() -> CompiledStateGraph[Any, Any, Any, Any]:
+    """The sibling: one LLM call that answers one topic."""
+    llm = _common.chat_model(max_tokens=64, temperature=0.0)
+
+    async def answer(state: AnswerState) -> dict[str, Any]:
+        prompt = f"In two sentences, what matters most about {state['topic']}? key={state['topic']}"
+        reply = await llm.ainvoke([HumanMessage(prompt)])
+        return {"answer": str(reply.content)}
+
+    builder = StateGraph(AnswerState)
+    builder.add_node("answer", answer)
+    builder.add_edge(START, "answer")
+    builder.add_edge("answer", END)
+    return builder.compile(name="answerer")
 
 
-_sib = StateGraph(SiblingState)
-_sib.add_node("answer", _answer)
-_sib.add_edge(START, "answer")
-_sib.add_edge("answer", END)
-sibling = _sib.compile(name="sibling")
+def build_graph() -> CompiledStateGraph[Any, Any, Any, Any]:
+    """prepare -> fan_out(answerer) -> summarize."""
+
+    async def prepare(state: DemoState) -> dict[str, Any]:
+        await _common.ensure_backend()
+        topics = state.get("topics") or [f"topic-{i}" for i in range(int(state.get("n") or 20))]
+        return {"topics": topics}
+
+    def summarize(state: DemoState) -> dict[str, Any]:
+        failed = sum(isinstance(r, SiblingError) for r in state["results"])
+        return {"summary": {"total": len(state["results"]), "failed": failed}}
+
+    builder = StateGraph(DemoState)
+    builder.add_node("prepare", prepare)
+    builder.add_node(
+        "fan_out",
+        fan_out(
+            build_answerer(),
+            items="topics",
+            into="results",
+            make_input=lambda topic, _i: {"topic": topic},
+            result=lambda final: {"topic": final["topic"], "answer": final["answer"]},
+        ),
+    )
+    builder.add_node("summarize", summarize)
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "fan_out")
+    builder.add_edge("fan_out", "summarize")
+    builder.add_edge("summarize", END)
+    return builder.compile(name="fan_out_demo")
 
 
-async def _run_sibling(state: SiblingState) -> dict[str, Any]:
-    out = await sibling.ainvoke(state)
-    return {"results": [out["answer"]]}
-
-
-def _spread(state: ParentState) -> list[Send]:
-    return [Send("work", {"topic": t, "answer": ""}) for t in state.get("topics", [])]
-
-
-_par = StateGraph(ParentState)
-_par.add_node("work", _run_sibling)
-_par.add_conditional_edges(START, _spread, ["work"])
-_par.add_edge("work", END)
-fan_out_demo = _par.compile(name="fan_out_demo")
+fan_out_demo = build_graph()

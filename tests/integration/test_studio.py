@@ -102,13 +102,24 @@ class DevServer:
 
 
 @pytest.fixture
-def dev_server(tmp_path: Path) -> Iterator[DevServer]:
+def studio_emulator() -> Iterator[str]:
+    """The test's own emulator (fast clock), so the test controls its cleanup."""
+    from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
+
+    with EmulatorProcess(EmulatorConfig(port=0, time_scale=50.0)) as emulator:
+        yield emulator.url
+
+
+@pytest.fixture
+def dev_server(tmp_path: Path, studio_emulator: str) -> Iterator[DevServer]:
     env = dict(os.environ)
     env.update(
         LANGGRAPH_CLI_NO_ANALYTICS="1",
         LANGGRAPH_NO_VERSION_CHECK="true",
         LANGSMITH_TRACING="false",
+        LGB_BACKEND_URL=studio_emulator,  # the graphs would otherwise start their own emulator
     )
+    env.pop("LGB_MODEL", None)  # exercised: the graphs ask the server's /v1/models
     server = DevServer(env=env, log=tmp_path / "langgraph-dev.log")
     try:
         server.wait_ready()
@@ -119,34 +130,59 @@ def dev_server(tmp_path: Path) -> Iterator[DevServer]:
     assert not _group_alive(server.pgid), "a process of the langgraph dev group survived"
 
 
-async def test_studio_fan_out(dev_server: DevServer) -> None:
+async def test_studio_fan_out_graph_and_run(dev_server: DevServer) -> None:
     from langgraph_sdk import get_client
 
     client = get_client(url=dev_server.url)
-    assistants = await client.assistants.search(graph_id="fan_out_demo")
-    assert assistants, f"fan_out_demo not registered:\n{dev_server.tail()}"
-    aid = assistants[0]["assistant_id"]
+    registered = {a["graph_id"]: a["assistant_id"] for a in await client.assistants.search()}
+    assert {"fan_out_demo", "code_review", "research"} <= set(registered), dev_server.tail()
+    aid = registered["fan_out_demo"]
 
-    drawn = await client.assistants.get_graph(aid, xray=True)
-    node_ids = {n["id"] for n in drawn["nodes"]}
-    print(node_ids)
+    # The drawn graph: the fan_out node, and with xray the sibling subgraph inside it.
+    plain = {n["id"] for n in (await client.assistants.get_graph(aid))["nodes"]}
+    assert {"prepare", "fan_out", "summarize"} <= plain
+    xray = {n["id"] for n in (await client.assistants.get_graph(aid, xray=True))["nodes"]}
+    assert "fan_out:sibling:answer" in xray, xray
+    review = await client.assistants.get_graph(registered["code_review"], xray=True)
+    review_nodes = {n["id"] for n in review["nodes"]}
+    assert {"review:sibling:model", "review:sibling:tools"} <= review_nodes, review_nodes
 
     topics = [f"topic-{i}" for i in range(20)]
-    custom: list[object] = []
+    events: list[dict[str, object]] = []
     final: dict[str, object] = {}
+    thread = await client.threads.create()  # as Studio runs it: on a thread, checkpointed
     async for part in client.runs.stream(
-        None,
+        thread["thread_id"],
         aid,
         input={"topics": topics},
         stream_mode=["custom", "values"],
         stream_subgraphs=True,
     ):
-        if part.event.startswith("custom"):
-            custom.append(part.data)
-        elif part.event == "values":
-            final = part.data
-        elif part.event == "error":
+        if part.event == "error":
             pytest.fail(f"run failed: {part.data}\n{dev_server.tail()}")
-    print(custom[:3], final)
-    assert len(custom) == 20
-    assert sorted(final["results"]) == sorted(t.upper() for t in topics)
+        if part.event.startswith("custom") and part.data.get("type") == "lgb.fan_out":
+            events.append(part.data)
+        elif part.event == "values":  # the parent graph's state (no namespace suffix)
+            final = part.data
+
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "started"
+    assert kinds.count("sibling_started") == 20
+    assert kinds.count("sibling_finished") == 20
+    assert kinds[-1] == "done"
+    assert events[-1]["done"] == events[-1]["total"] == 20
+    assert events[-1]["failed"] == 0
+    progress = [e["done"] for e in events if e["event"] == "sibling_finished"]
+    assert progress == sorted(progress)
+    assert progress[-1] == 20
+
+    results = final["results"]
+    assert isinstance(results, list)
+    assert [r["topic"] for r in results] == topics  # collected in input order
+    assert all(isinstance(r["answer"], str) and r["answer"] for r in results)
+    assert final["summary"] == {"total": 20, "failed": 0}
+    state = await client.threads.get_state(thread["thread_id"])
+    assert [r["topic"] for r in state["values"]["results"]] == topics  # checkpointed
+
+    log = dev_server.tail(10_000)
+    assert "BlockingError" not in log, log  # nothing of ours blocks the server's event loop
