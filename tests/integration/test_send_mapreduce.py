@@ -104,6 +104,9 @@ def test_sync_graph_calls_go_through_the_background_loop(emulator_url: str) -> N
         base_url=emulator_url,
         max_inflight=3,
         extra_body={"emulator": {"output_tokens": 8}},
+        # Its own scheduler: earlier sync tests made one for this URL on the
+        # background loop, and the first creator's policy wins.
+        scheduler="send-sync-test",
     )
 
     async def get_scheduler() -> Scheduler:
