@@ -140,7 +140,8 @@ def run_workload(
 ) -> dict[str, Any]:
     """Run every contender on one workload; returns the results dict."""
     from benchmarks.contenders import ideal
-    from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
+    from langgraph_batch.emulator.config import EmulatorConfig
+    from langgraph_batch.emulator.process import EmulatorProcess
 
     # Tool latencies shrink with the emulator's clock so that ratios hold.
     tool_cfg = ToolServiceConfig(

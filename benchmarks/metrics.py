@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.contenders._common import WARMUP_KEY
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-quantile (0..1) by linear interpolation, or None for no values."""
@@ -58,6 +60,43 @@ def _int(stats: Mapping[str, Any], *names: str) -> int | None:
     return None
 
 
+_COUNTERS = (
+    "requests",
+    "finished",
+    "aborted",
+    "prompt_tokens_received",
+    "prefill_tokens_computed",
+    "cached_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "generation_tokens",
+    "preemptions",
+    "evictions",
+    "steps",
+    "busy_time_s",
+)
+
+
+def subtract_baseline(after: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """Emulator counters of the measured run alone (the contender's warm-up taken out)."""
+    out = dict(after)
+    for key in _COUNTERS:
+        a, b = after.get(key), baseline.get(key)
+        if isinstance(a, int | float) and isinstance(b, int | float):
+            out[key] = a - b
+    return out
+
+
+def tool_delta(after: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """Tool-service counters of the measured run alone (warm-up calls taken out)."""
+    out = dict(after)
+    out["executions"] = int(after.get("executions", 0)) - int(baseline.get("executions", 0))
+    by_key = {k: v for k, v in (after.get("by_key") or {}).items() if WARMUP_KEY not in k}
+    out["by_key"] = by_key
+    out["distinct_keys"] = len(by_key)
+    return out
+
+
 def combine(
     client: Mapping[str, Any],
     emu: Mapping[str, Any],
@@ -72,6 +111,8 @@ def combine(
     emulated GPU; `wall_makespan_s` keeps the raw figure.
     """
     scale = time_scale
+    emu = subtract_baseline(emu, client.get("baseline_emulator") or {})
+    tools = tool_delta(tools, client.get("baseline_tools") or {})
     done = [c * scale for c in client.get("completions_s") or [] if c is not None]
     prompt = _int(emu, "prompt_tokens_received", "prompt_tokens")
     cached = _int(emu, "cached_tokens", "prefix_cache_hits")
@@ -95,7 +136,10 @@ def combine(
         "wall_makespan_s": client["makespan_s"],
         "generation_tokens": _int(emu, "generation_tokens"),
         "evictions": _int(emu, "evictions"),
-        "server_lag_s": emu.get("lag_s"),
+        "server_lag_s": emu.get("max_lag_s", emu.get("lag_s")),
+        "server_late_steps": emu.get("late_steps"),
+        "engine_busy_s": emu.get("busy_time_s"),
+        "warmup_error": client.get("warmup_error"),
         "tool_peak_waiting": tools.get("peak_waiting"),
         "errors": client.get("errors") or [],
         "run_error": client.get("run_error"),

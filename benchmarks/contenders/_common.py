@@ -42,6 +42,14 @@ class Recorder:
         """Sibling `index` failed."""
         self.errors.setdefault(index, str(error)[:300])
 
+    def clear(self) -> None:
+        """Forget everything recorded (after the warm-up run)."""
+        self.completions.clear()
+        self.errors.clear()
+        self.samples.clear()
+        self.tool_calls_requested = 0
+        self.llm_calls = 0
+
 
 RECORDER = Recorder()
 
@@ -63,35 +71,97 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_measured(job: dict[str, Any], body: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
-    """Run `body()` in a fresh event loop; measure wall time and client CPU around it."""
+WARMUP_KEY = "warmup"
+
+
+def warmup_job(job: dict[str, Any]) -> dict[str, Any]:
+    """A one-sibling job through the same code path, sharing no prompt prefix with the real one.
+
+    Contenders run it first, so one-time costs (imports, client and graph
+    set-up, connection pools) are not charged to the measured run, as they
+    would not be on a long-lived server process.
+    """
+    return dict(
+        job,
+        system_prompt="Warm-up run. Answer briefly.",
+        tasks=[f"Warm-up task key={WARMUP_KEY}"],
+    )
+
+
+async def _get_json(url: str) -> Any:
+    """GET `url` and decode JSON, without third-party packages or blocking the loop."""
+    import asyncio
+    import urllib.request
+
+    def fetch() -> Any:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return json.loads(resp.read().decode())
+
+    return await asyncio.to_thread(fetch)
+
+
+Runner = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def run_measured(
+    job: dict[str, Any],
+    run: Runner,
+    *,
+    setup: Callable[[], Awaitable[Any]] | None = None,
+    teardown: Callable[[], Awaitable[Any]] | None = None,
+) -> dict[str, Any]:
+    """Warm up, then run `run(job)` once, measuring wall time and client CPU around it.
+
+    The server counters are snapshotted after the warm-up (`baseline_*`), so
+    the harness can subtract the warm-up's requests and tool calls.
+    """
     import asyncio
 
     n = len(job["tasks"])
     rec = RECORDER
-    cpu0 = time.process_time()
-    rec.t0 = time.monotonic()
-    run_error: str | None = None
-    try:
-        asyncio.run(body())
-    except BaseException as exc:  # the naive Send run raises on the first failing sibling
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        run_error = f"{type(exc).__name__}: {exc}"[:500]
-    makespan = time.monotonic() - rec.t0
-    cpu = time.process_time() - cpu0
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        if setup is not None:
+            await setup()
+        try:
+            rec.t0 = time.monotonic()
+            try:
+                await run(warmup_job(job))
+            except Exception as exc:
+                out["warmup_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rec.clear()
+            out["baseline_emulator"] = await _get_json(job["llm_url"] + "/emulator/stats")
+            out["baseline_tools"] = await _get_json(job["tool_url"] + "/stats")
+            cpu0 = time.process_time()
+            rec.t0 = time.monotonic()
+            try:
+                await run(job)
+            except Exception as exc:  # a bare Send run raises on the first failing sibling
+                out["run_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            out["makespan_s"] = time.monotonic() - rec.t0
+            out["client_cpu_s"] = time.process_time() - cpu0
+        finally:
+            if teardown is not None:
+                await teardown()
+
+    asyncio.run(main())
+    run_error = out.get("run_error")
     for i in range(n):
         if i not in rec.completions and i not in rec.errors:
             rec.failed(i, run_error or "no result")
     return {
-        "makespan_s": makespan,
+        "makespan_s": out["makespan_s"],
         "completions_s": [rec.completions.get(i) for i in range(n)],
         "failures": sum(1 for i in range(n) if i not in rec.completions),
         "errors": sorted(set(rec.errors.values()))[:5],
         "run_error": run_error,
+        "warmup_error": out.get("warmup_error"),
+        "baseline_emulator": out.get("baseline_emulator") or {},
+        "baseline_tools": out.get("baseline_tools") or {},
         "tool_calls_requested": rec.tool_calls_requested,
         "llm_calls_client": rec.llm_calls,
-        "client_cpu_s": cpu,
+        "client_cpu_s": out["client_cpu_s"],
         "peak_rss_mb": peak_rss_mb(),
         "samples": {str(k): v for k, v in sorted(rec.samples.items())},
     }

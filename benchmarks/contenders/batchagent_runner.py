@@ -73,30 +73,28 @@ def main() -> None:
         else:
             RECORDER.failed(result.index, f"{result.error.type}: {result.error.message}")
 
-    async def body() -> None:
-        backend = EmulatedOpenAIBackend(api_key="x", base_url=job["llm_url"])
-        try:
-            await BatchAgent.run(
-                runtime=backend,
-                task="{task}",
-                inputs=[{"task": t} for t in job["tasks"]],
-                system_prompt=job["system_prompt"],
-                tools=tools,
-                # The emulated model produces schema-valid JSON only for a
-                # `response_format`; BatchAgent asks for JSON in the prompt
-                # instead, which the emulator cannot follow. So BatchAgent runs
-                # without output validation (its answers are the same length).
-                output_schema=None,
-                model=job["model"],
-                backend="openai://emulator",
-                max_turns=job["turns"],
-                max_inflight=job.get("max_inflight") or 32,
-                on_result=on_result,
-            )
-        finally:
-            await client.aclose()
+    backend = EmulatedOpenAIBackend(api_key="x", base_url=job["llm_url"])
 
-    emit(run_measured(job, body))
+    async def run(job: dict[str, Any]) -> None:
+        await BatchAgent.run(
+            runtime=backend,
+            task="{task}",
+            inputs=[{"task": t} for t in job["tasks"]],
+            system_prompt=job["system_prompt"],
+            tools=tools,
+            # The emulated model produces schema-valid JSON only for a
+            # `response_format`; BatchAgent asks for JSON in the prompt
+            # instead, which the emulator cannot follow. So BatchAgent runs
+            # without output validation (its answers are the same length).
+            output_schema=None,
+            model=job["model"],
+            backend="openai://emulator",
+            max_turns=job["turns"],
+            max_inflight=job.get("max_inflight") or 32,
+            on_result=on_result,
+        )
+
+    emit(run_measured(job, run, teardown=client.aclose))
 
 
 def _signature(arg: str) -> Any:

@@ -78,30 +78,24 @@ def main() -> None:
     from langgraph_batch.nodes.fan_out import SiblingError
     from langgraph_batch.tools import coalesce
 
-    async def body() -> None:
-        async with make_http_client() as client:
-            tools = [coalesce(t) for t in make_tools(job, client)]
-            llm = bind(make_llm(job), tools, job)
-            graph = build(job, llm, tools)
-            tasks = [{"index": i} for i in range(len(job["tasks"]))]
-            out = await graph.ainvoke({"tasks": tasks}, {"recursion_limit": 10_000})
-            for i, r in enumerate(out.get("results") or []):
-                if isinstance(r, SiblingError):
-                    RECORDER.failed(i, f"{r.error_type}: {r.message}")
-            await _close_schedulers()
+    client = make_http_client()
+    base = make_llm(job)
 
-    emit(run_measured(job, body))
+    async def run(job: dict[str, Any]) -> None:
+        tools = [coalesce(t) for t in make_tools(job, client)]
+        llm = bind(base, tools, job)
+        graph = build(job, llm, tools)
+        tasks = [{"index": i} for i in range(len(job["tasks"]))]
+        out = await graph.ainvoke({"tasks": tasks}, {"recursion_limit": 10_000})
+        for i, r in enumerate(out.get("results") or []):
+            if isinstance(r, SiblingError):
+                RECORDER.failed(i, f"{r.error_type}: {r.message}")
 
+    async def teardown() -> None:
+        await base.get_scheduler().aclose()
+        await client.aclose()
 
-async def _close_schedulers() -> None:
-    """Close the shared scheduler(s) of this loop so the run ends cleanly."""
-    try:
-        from langgraph_batch.scheduler import registry
-    except ImportError:
-        return
-    closer = getattr(registry, "aclose_all", None)
-    if closer is not None:
-        await closer()
+    emit(run_measured(job, run, teardown=teardown))
 
 
 if __name__ == "__main__":

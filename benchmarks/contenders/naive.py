@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from langgraph.graph import END, START, StateGraph
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Send
+
 from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
+from benchmarks.contenders._graph import ParentState, build_agent, initial_messages
 
 
 def build(job: dict[str, Any], llm: Any, tools: list[Any]) -> Any:
     """The parent graph: Send one branch per task to the agent subgraph."""
-    from langgraph.graph import END, START, StateGraph
-    from langgraph.prebuilt import ToolNode
-    from langgraph.types import Send
-
-    from benchmarks.contenders._graph import ParentState, build_agent, initial_messages
-
     agent = build_agent(llm, ToolNode(tools) if tools else _no_tools())
 
     async def run_agent(state: dict[str, Any]) -> dict[str, Any]:
@@ -69,18 +68,19 @@ def main() -> None:
     job = read_job()
     from benchmarks.contenders._graph import bind, make_http_client, make_tools
 
-    async def body() -> None:
-        async with make_http_client() as client:
-            tools = make_tools(job, client)
-            llm = bind(make_llm(job), tools, job)
-            graph = build(job, llm, tools)
-            config: dict[str, Any] = {"recursion_limit": 10_000}
-            if job.get("max_concurrency"):
-                config["max_concurrency"] = int(job["max_concurrency"])
-            tasks = [{"index": i} for i in range(len(job["tasks"]))]
-            await graph.ainvoke({"tasks": tasks, "results": []}, config)
+    client = make_http_client()
 
-    emit(run_measured(job, body))
+    async def run(job: dict[str, Any]) -> None:
+        tools = make_tools(job, client)
+        llm = bind(make_llm(job), tools, job)
+        graph = build(job, llm, tools)
+        config: dict[str, Any] = {"recursion_limit": 10_000}
+        if job.get("max_concurrency"):
+            config["max_concurrency"] = int(job["max_concurrency"])
+        tasks = [{"index": i} for i in range(len(job["tasks"]))]
+        await graph.ainvoke({"tasks": tasks, "results": []}, config)
+
+    emit(run_measured(job, run, teardown=client.aclose))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""Smoke test of `langgraph-batch bench`: a tiny W2 run writes complete results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+REQUIRED = (
+    "makespan_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "latency_p99_s",
+    "first_result_s",
+    "llm_requests",
+    "tool_calls_requested",
+    "tool_calls_executed",
+    "prompt_tokens",
+    "prefill_tokens_computed",
+    "cache_hit_rate",
+    "preemptions",
+    "client_cpu_s",
+    "peak_rss_mb",
+    "failures",
+)
+
+
+@pytest.mark.timeout(120)
+def test_bench_w2_small_writes_json_table_and_chart(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "langgraph_batch.cli",
+        "bench",
+        "W2",
+        "--n",
+        "4",
+        "--contenders",
+        "naive,langgraph-batch,ideal",
+        "--time-scale",
+        "20",
+        "--out",
+        str(tmp_path),
+    ]
+    env = dict(os.environ, LANGSMITH_TRACING="false")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    data = json.loads((tmp_path / "W2.json").read_text())
+    assert data["workload"] == "W2"
+    assert data["params"]["n"] == 4
+    assert data["params"]["seed"] == 0
+    assert data["versions"]["langgraph"]
+    contenders = data["contenders"]
+    assert set(contenders) == {"naive", "langgraph-batch", "ideal"}
+    for name in ("naive", "langgraph-batch"):
+        entry = contenders[name]
+        assert "error" not in entry, entry
+        missing = [k for k in REQUIRED if k not in entry]
+        assert not missing, (name, missing)
+        assert entry["failures"] == 0, entry["errors"]
+        assert entry["makespan_s"] > 0
+        # 2 turns per sibling: one tool call, then the final answer.
+        assert entry["llm_requests"] == 8
+        assert entry["tool_calls_requested"] == 4
+        assert entry["prefill_tokens_computed"] <= entry["prompt_tokens"]
+    # 4 siblings with keys k0..k3: coalescing executes each distinct call once.
+    assert contenders["langgraph-batch"]["tool_calls_executed"] == 4
+    assert contenders["naive"]["tool_calls_executed"] == 4
+    assert contenders["ideal"]["makespan_s"] > 0
+    assert (tmp_path / "W2.md").read_text().startswith("### W2")
+    assert (tmp_path / "W2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
