@@ -448,6 +448,7 @@ class BatchPolicyCore:
             item.seq = self._seq
             self._seq += 1
         item.enqueued_at = now
+        item.in_batch = False
         self._grant(item, now)
         return True
 

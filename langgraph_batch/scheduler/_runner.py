@@ -502,6 +502,7 @@ class Scheduler:
                 )
                 await asyncio.sleep(delay)
                 if self._state is not SchedulerState.OPENED:
+                    self._stats.failed += 1
                     raise self._refusal() from exc
                 continue
             self._stats.record_success(
@@ -622,6 +623,8 @@ class Scheduler:
         finally:
             if poller is not None:
                 poller.cancel()
+            if self._state is not SchedulerState.OPENED:
+                self._release_loop()
 
     def _timer_fired(self) -> None:
         self._timer = None

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
 
 from langgraph_batch._context import SiblingInfo
-from langgraph_batch.backends.base import ChatChunk, EngineMetrics
+from langgraph_batch.backends.base import BackendCapabilities, ChatChunk, EngineMetrics
 from langgraph_batch.errors import (
     BackendBadRequestError,
+    BackendConnectionError,
     BackendRateLimitError,
     BackendServerError,
     BackendStreamError,
@@ -386,4 +388,57 @@ async def test_stats_snapshot_is_frozen_and_empty_at_start() -> None:
     with pytest.raises(AttributeError):
         st.completed = 5  # type: ignore[misc]
     assert s.latest_metrics is None
+    await s.aclose()
+
+
+async def test_priority_passed_to_engines_that_honour_it() -> None:
+    seen: list[int] = []
+
+    class Prio(InstantBackend):
+        capabilities = BackendCapabilities(priority=True)
+
+        async def chat(self, req, *, on_chunk=None):  # type: ignore[no-untyped-def]
+            seen.append(req.priority)
+            return await super().chat(req, on_chunk=on_chunk)
+
+    async with Scheduler(Prio()) as s:
+        await s.submit(request("a"), turn=3)
+        await s.submit(dataclasses.replace(request("b"), priority=7), turn=3)  # caller's wins
+    async with Scheduler(Prio(), policy=BatchPolicy(priority="fifo")) as s:
+        await s.submit(request("c"), turn=3)
+    assert seen == [-3, 7, 0]
+
+
+async def test_metrics_errors_are_ignored_but_a_policy_failure_kills_the_runner() -> None:
+    backend = MetricsBackend(EngineMetrics(num_requests_waiting=5))  # busy: no growth
+    calls = 0
+    orig = backend.metrics
+
+    async def flaky() -> EngineMetrics | None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise BackendConnectionError("metrics endpoint down")
+        return await orig()
+
+    backend.metrics = flaky  # type: ignore[method-assign]
+    s = Scheduler(backend, policy=BatchPolicy(max_inflight=1, metrics_interval_s=0.001))
+    first = asyncio.create_task(s.submit(request("first")))
+    await backend.wait_running(1)
+    queued = asyncio.create_task(s.submit(request("queued")))
+    while backend.polls < 2:  # the failed poll did not stop polling
+        backend.changed.clear()
+        await backend.changed.wait()
+    boom = ZeroDivisionError("bad metrics maths")
+
+    def broken(metrics: EngineMetrics, now: float) -> None:
+        raise boom
+
+    s._core.on_metrics = broken  # type: ignore[method-assign]
+    with pytest.raises(SchedulerDeadError) as info:
+        await queued
+    assert info.value.cause is boom
+    assert s.state is SchedulerState.DEAD
+    backend.gate.set()
+    assert (await first).request_id == "first"
     await s.aclose()
