@@ -352,7 +352,7 @@ async def test_cancelling_the_run_cancels_every_sibling() -> None:
     g = parent_graph(node)
     before = asyncio.all_tasks()
     run = asyncio.create_task(g.ainvoke({"xs": [f"k{i}" for i in range(50)]}))
-    await asyncio.wait_for(queue.all_waiting.wait(), 10)
+    await asyncio.wait_for(queue.all_waiting.wait(), 30)
     spawned = asyncio.all_tasks() - before - {run}
     assert len(spawned) >= 50
     assert queue.waiting == 50
