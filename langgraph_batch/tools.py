@@ -330,12 +330,17 @@ def _share_exception(exc: BaseException) -> bool:
 
 
 def _for_caller(result: ToolResult, tool_call_id: str | None) -> ToolResult:
-    if (
-        isinstance(result, ToolMessage)
-        and tool_call_id is not None
-        and result.tool_call_id != tool_call_id
-    ):
-        return result.model_copy(update={"tool_call_id": tool_call_id})
+    """A shared result as this caller's own message: its tool_call_id, no message id.
+
+    The stored message may have been given a message `id` by the graph that
+    first received it (`add_messages` sets missing ids in place); a copy that
+    kept it would replace that earlier message instead of being appended.
+    """
+    if isinstance(result, ToolMessage):
+        update: dict[str, Any] = {"id": None}
+        if tool_call_id is not None:
+            update["tool_call_id"] = tool_call_id
+        return result.model_copy(update=update)
     return result
 
 
@@ -395,8 +400,9 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
         is_error=_is_error,
         share_exception=_share_exception,
     )
-    if not executed:
-        STATS.add(name, group, "shared")
+    if executed:
+        return result
+    STATS.add(name, group, "shared")
     return _for_caller(result, request.tool_call["id"])
 
 

@@ -464,3 +464,19 @@ async def test_plain_tool_node_unchanged_for_reference() -> None:
     graph = react_graph(ToolNode([coalesce(w.tool)]))
     await run_siblings(graph, [ask(("weather", {"city": "paris"}))] * 4)
     assert w.executions["paris"] == 4
+
+
+async def test_shared_result_reused_twice_in_one_conversation_keeps_both_messages() -> None:
+    """A stored result reused later must not carry the message id LangGraph gave the
+    first copy (add_messages would then replace the earlier message)."""
+    w = Weather()
+    graph = react_graph(BatchToolNode([coalesce(w.tool)]))
+    with sibling_scope(SiblingInfo(group="g-twice", index=0)):
+        first = await graph.ainvoke(ask(("weather", {"city": "paris"})))
+        again = first["messages"] + ask(("weather", {"city": "paris"}))["messages"]
+        second = await graph.ainvoke({"messages": again})
+    assert w.executions["paris"] == 1
+    msgs = tool_messages(second)
+    assert len(msgs) == 2
+    assert len({m.id for m in msgs}) == 2
+    check_own_ids(second)
