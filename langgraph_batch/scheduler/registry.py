@@ -81,6 +81,10 @@ def scheduler_for(
     replaced. The first caller's `policy` wins; later ones are ignored.
     The scheduler owns the backend the factory built and closes it.
 
+    When `name` was registered with `register_scheduler`, the registration
+    wins: a registered instance usable in this loop is returned as is, and a
+    registered recipe's `backend_factory`/`policy` replace the arguments.
+
     Args:
         key: what identifies the endpoint (set), e.g. `backend.key`.
         backend_factory: builds the backend when a scheduler must be created.
@@ -101,6 +105,13 @@ def scheduler_for(
     """
     loop = asyncio.get_running_loop()
     with _lock:
+        if name is not None:
+            inst = _instances.get(name)
+            if inst is not None and _usable(inst, loop):
+                return inst
+            recipe = _recipes.get(name)
+            if recipe is not None:
+                backend_factory, policy = recipe.backend_factory, recipe.policy
         per_loop = _by_loop.get(loop)
         if per_loop is None:
             _purge_closed_loops()
@@ -254,7 +265,7 @@ def get_scheduler(name: str) -> Scheduler:
                 "call it from async code"
             )
         return scheduler_for(
-            key=f"registered:{name}",
+            key=name,
             backend_factory=recipe.backend_factory,
             policy=recipe.policy,
             name=name,

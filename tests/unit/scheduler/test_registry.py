@@ -154,3 +154,23 @@ def test_register_scheduler_misuse() -> None:
 def test_scheduler_for_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
         scheduler_for(key="k", backend_factory=InstantBackend)
+
+
+async def test_named_registration_wins_over_scheduler_for_arguments() -> None:
+    recipe_backends: list[InstantBackend] = []
+
+    def recipe_factory() -> InstantBackend:
+        recipe_backends.append(InstantBackend())
+        return recipe_backends[-1]
+
+    register_scheduler("main", backend_factory=recipe_factory, policy=BatchPolicy(max_inflight=5))
+    # A chat model naming "main" and fan_out resolving "main" land on one scheduler.
+    from_model = scheduler_for(key="main", backend_factory=InstantBackend, name="main")
+    assert from_model.policy.max_inflight == 5
+    assert from_model.backend is recipe_backends[0]
+    assert get_scheduler("main") is from_model
+    inst = Scheduler(InstantBackend(), name="explicit")
+    register_scheduler(inst)
+    assert scheduler_for(key="whatever", backend_factory=InstantBackend, name="explicit") is inst
+    await from_model.aclose()
+    await inst.aclose()
