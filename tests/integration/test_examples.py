@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +31,59 @@ SGLANG_FLAGS = (
     "--tool-call-parser",
     "--enable-priority-scheduling",
 )
+
+
+@pytest.fixture(scope="module")
+def example_emulator() -> Iterator[str]:
+    """This module's own emulator (fast clock)."""
+    from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
+
+    with EmulatorProcess(EmulatorConfig(port=0, time_scale=50.0)) as emulator:
+        yield emulator.url
+
+
+def run_example(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run `examples/<script>` as a user would; return its stdout (fails on exit != 0)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / script), *args, "--quiet"],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=45,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_code_review_example(example_emulator: str) -> None:
+    url = example_emulator
+    out = run_example("code_review.py", "--n", "6", "--groups", "3", "--backend-url", url)
+    assert f"backend: {example_emulator} model: emulated-llama-3-8b (EMULATED)" in out
+    assert "files: 6 reviewed: 6 failed: 0" in out
+    assert re.search(r"findings: \d+ by severity: \{'high': \d+", out), out
+    # Two files per package: the emulator requests identical read_file calls per package.
+    assert "tool calls: requested 6 executed 3 shared 3" in out, out
+
+
+def test_research_example(example_emulator: str) -> None:
+    url = example_emulator
+    out = run_example("research.py", "--n", "6", "--clusters", "2", "--backend-url", url)
+    assert "(EMULATED)" in out
+    assert "sub-questions: 6 researched: 6 failed: 0" in out
+    assert "tool calls: requested 6 executed 2 shared 4" in out, out
+    report = out.split("report:\n", 1)[1]
+    assert report.strip(), "empty synthesis"
+
+
+def test_example_starts_and_stops_its_own_emulator() -> None:
+    out = run_example("research.py", "--n", "2", env={"LGB_EMULATOR_TIME_SCALE": "50"})
+    match = re.search(r"backend: (http://127\.0\.0\.1:\d+) model: \S+ \(EMULATED\)", out)
+    assert match, out
+    assert "sub-questions: 2 researched: 2 failed: 0" in out
+    with pytest.raises(httpx.ConnectError):  # stopped at exit
+        httpx.get(f"{match.group(1)}/health", timeout=2.0)
 
 
 def test_compose_file_is_valid_and_complete() -> None:
