@@ -89,7 +89,7 @@ _QWEN25_7B_OVER_LLAMA3_8B = (233.0 * 28) / (218.1 * 32)
 # grows ~0.60 s per queued 2547-token prompt, i.e. ~4.2k prompt tokens/s.
 _A10G_COMPUTE_FACTOR = 312.0 / 125.0
 _A10G_MEMORY_FACTOR = 2.0 / 0.6
-_A10G_FITTED_EFFICIENCY = 1.42
+_A10G_FITTED_EFFICIENCY = 1.22
 
 
 @dataclass(**_DC_KWARGS)

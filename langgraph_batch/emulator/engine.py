@@ -354,7 +354,6 @@ class Engine:
         items: list[tuple[Request, int]] = []
         kv = self.kv
         deferred: list[tuple[Request, int]] = []
-        sglang = self.flavor == "sglang"
         preempted = False
         scheduled: set[int] = set()
         i = 0
@@ -377,6 +376,7 @@ class Engine:
             if not ok:
                 continue
             items.append((req, n))
+            self._register(req, req.num_computed + n, deferred)
             scheduled.add(id(req))
             budget -= n
             i += 1
@@ -404,6 +404,9 @@ class Engine:
                     c.prefix_cache_hits += hit_tokens
                 self.running.append(req)
                 items.append((req, n))
+                # Registered now, so a request scheduled next in this very step
+                # finds these blocks (vLLM V1's same-step prefix sharing).
+                self._register(req, hit_tokens + n, deferred)
                 budget -= n
         if not items:
             return None
@@ -420,10 +423,6 @@ class Engine:
                 kv_tokens += end
             else:
                 attn_units += n * (req.num_computed + n / 2)
-            if sglang:
-                deferred.append((req, end))
-            else:
-                kv.register_full_blocks(req, end)
         shape = StepShape(
             num_tokens=shape_tokens,
             num_seqs=len(items),
@@ -440,6 +439,12 @@ class Engine:
         )
         self.in_flight = step
         return step
+
+    def _register(self, req: Request, tokens: int, deferred: list[tuple[Request, int]]) -> None:
+        if self.flavor == "sglang":
+            deferred.append((req, tokens))
+        else:
+            self.kv.register_full_blocks(req, tokens)
 
     def commit(self, step: ScheduledStep, end: float) -> list[Request]:
         """Apply a scheduled step's results at engine time `end`.
