@@ -190,7 +190,13 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 
 
 class Outcome(enum.Enum):
-    """How an inference call ended, as far as slot adaptation cares."""
+    """How an inference call ended, as far as slot adaptation cares.
+
+    Example:
+        ```python
+        core.on_complete(item, Outcome.RATE_LIMITED, now)  # HTTP 429: shrink the limit
+        ```
+    """
 
     OK = "ok"
     """The call returned a response."""

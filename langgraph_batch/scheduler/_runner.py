@@ -33,7 +33,13 @@ from types import TracebackType
 from typing import Any, Self
 
 from langgraph_batch._context import SiblingInfo
-from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+from langgraph_batch.backends.base import (
+    Backend,
+    ChatChunk,
+    ChatRequest,
+    ChatResponse,
+    EngineMetrics,
+)
 from langgraph_batch.errors import (
     BackendError,
     BackendRateLimitError,
@@ -174,7 +180,7 @@ class Scheduler:
         return self._loop
 
     @property
-    def latest_metrics(self) -> Any:
+    def latest_metrics(self) -> EngineMetrics | None:
         """The last `EngineMetrics` polled from the backend (None: none yet)."""
         return self._core.latest_metrics
 
