@@ -28,6 +28,7 @@ from tests.unit.scheduler._fakes import (
     InstantBackend,
     MetricsBackend,
     request,
+    response,
 )
 
 FAST = {"backoff_base_s": 0.001, "backoff_max_s": 0.002}
@@ -442,3 +443,42 @@ async def test_metrics_errors_are_ignored_but_a_policy_failure_kills_the_runner(
     backend.gate.set()
     assert (await first).request_id == "first"
     await s.aclose()
+
+
+async def test_random_cancellations_never_leak_slots() -> None:
+    import random
+
+    rng = random.Random(7)
+
+    class Jittery(GatedBackend):
+        async def chat(self, req, *, on_chunk=None):  # type: ignore[no-untyped-def]
+            self._bump(+1)
+            try:
+                for _ in range(rng.randrange(4)):
+                    await asyncio.sleep(0)
+                return response(req)
+            finally:
+                self._bump(-1)
+
+    backend = Jittery()
+    policy = BatchPolicy(max_inflight=8, priority="las")
+    async with Scheduler(backend, policy=policy) as s:
+        sibs = [SiblingInfo(group="g", index=i % 10) for i in range(200)]
+        tasks = [
+            asyncio.create_task(s.submit(request(f"r{i}"), sibling=sibs[i])) for i in range(200)
+        ]
+        victims = rng.sample(tasks, 60)
+        for v in victims:
+            for _ in range(rng.randrange(6)):
+                await asyncio.sleep(0)
+            v.cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        st = s.stats()
+        assert st.in_flight == 0
+        assert st.queued == 0
+        assert s.inflight_by_sibling() == {}
+    n_cancelled = sum(isinstance(d, asyncio.CancelledError) for d in done)
+    assert n_cancelled > 0
+    assert st.completed + n_cancelled == 200
+    assert st.cancelled == n_cancelled
+    assert backend.max_running <= 8
