@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import logging
 import os
 import socket
@@ -32,7 +33,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from langgraph_batch.backends import backend_from_url
 from langgraph_batch.chat_model import BatchedChatModel
+from langgraph_batch.scheduler import BatchPolicy, register_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,9 @@ BACKEND_ENV = "LGB_BACKEND_URL"
 MODEL_ENV = "LGB_MODEL"
 EMULATED_MODEL = "emulated-llama-3-8b"
 TIME_SCALE_ENV = "LGB_EMULATOR_TIME_SCALE"
+SCHEDULER = "examples"
+"""Registry name of the scheduler every example model and fan_out shares (one per loop)."""
+MAX_INFLIGHT = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +136,14 @@ def settings() -> Settings:
         else:
             model = os.environ.get(MODEL_ENV) or _served_model(url)
             _settings = Settings(url=url, model=model, local_emulator=False)
+        # A recipe, not a scheduler: one is built per event loop on first use, so this
+        # is safe at import time (Studio) and across `asyncio.run` calls (scripts).
+        register_scheduler(
+            SCHEDULER,
+            backend_factory=functools.partial(backend_from_url, _settings.url),
+            policy=BatchPolicy(max_inflight=MAX_INFLIGHT),
+            replace=True,
+        )
         return _settings
 
 
@@ -184,9 +198,15 @@ async def ensure_backend() -> Settings:
 
 
 def chat_model(**kwargs: Any) -> BatchedChatModel:
-    """A `BatchedChatModel` for the configured backend (construction does no I/O)."""
+    """A `BatchedChatModel` for the configured backend (construction does no I/O).
+
+    Its calls go through the scheduler registered as `SCHEDULER`; pass the same
+    name to `fan_out(scheduler=...)` so progress events carry its stats.
+    """
     current = settings()
-    return BatchedChatModel(model=current.model, base_url=current.url, **kwargs)
+    return BatchedChatModel(
+        model=current.model, base_url=current.url, scheduler=SCHEDULER, **kwargs
+    )
 
 
 async def is_emulated(url: str) -> bool:
@@ -197,3 +217,18 @@ async def is_emulated(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+def print_llm_stats(event: dict[str, Any]) -> None:
+    """Print the scheduler's counters from a fan_out progress event (its last one)."""
+    stats = event.get("stats") or {}
+    if not stats:
+        return
+    prompt, cached = stats.get("prompt_tokens", 0), stats.get("cached_tokens", 0)
+    share = f" ({cached / prompt:.0%} cached)" if prompt else ""
+    print(
+        f"llm calls: {stats.get('completed', 0)} failed {stats.get('failed', 0)} "
+        f"retries {stats.get('retries', 0)}; prompt tokens {prompt}{share}, "
+        f"completion tokens {stats.get('completion_tokens', 0)}; "
+        f"latency p50 {stats.get('latency_p50', 0.0):.3f}s p95 {stats.get('latency_p95', 0.0):.3f}s"
+    )

@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples import _common
-from langgraph_batch._progress import render_progress
+from langgraph_batch._progress import extract_fan_out_event, render_progress
 from langgraph_batch.nodes.fan_out import SiblingError, fan_out
 from langgraph_batch.tools import BatchMiddleware, coalesce, reset_tool_stats, tool_stats
 
@@ -256,6 +256,7 @@ def build_graph() -> CompiledStateGraph[Any, Any, Any, Any]:
             reviewer,
             items="files",
             into="reviews",
+            scheduler=_common.SCHEDULER,
             make_input=lambda file, _i: {"messages": [HumanMessage(task_text(file))]},
             result=review_result,
         ),
@@ -293,12 +294,15 @@ async def amain(argv: list[str] | None = None) -> int:
     if args.groups:
         inputs["groups"] = args.groups
     final: dict[str, Any] = {}
+    last_event: dict[str, Any] = {}
     stream = app.astream(inputs, stream_mode=["custom", "values"], subgraphs=True)
     if not args.quiet:
         stream = render_progress(stream)
     async for namespace, mode, data in stream:
         if mode == "values" and not namespace:
             final = data
+        elif mode == "custom" and (event := extract_fan_out_event(data)) is not None:
+            last_event = event
 
     report = final["report"]
     stats = tool_stats()
@@ -312,6 +316,7 @@ async def amain(argv: list[str] | None = None) -> int:
     print(
         f"tool calls: requested {stats.requested} executed {stats.executed} shared {stats.shared}"
     )
+    _common.print_llm_stats(last_event)
     return 0 if report["reviewed"] == report["files"] else 1
 
 

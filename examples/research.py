@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples import _common
-from langgraph_batch._progress import render_progress
+from langgraph_batch._progress import extract_fan_out_event, render_progress
 from langgraph_batch.nodes.fan_out import SiblingError, fan_out
 from langgraph_batch.tools import BatchToolNode, coalesce, reset_tool_stats, tool_stats
 
@@ -189,6 +189,7 @@ def build_graph() -> CompiledStateGraph[Any, Any, Any, Any]:
             researcher,
             items="tasks",
             into="notes",
+            scheduler=_common.SCHEDULER,
             make_input=lambda task, _i: {"messages": [HumanMessage(task)]},
             result=notes_of,
         ),
@@ -228,12 +229,15 @@ async def amain(argv: list[str] | None = None) -> int:
     if args.clusters:
         inputs["clusters"] = args.clusters
     final: dict[str, Any] = {}
+    last_event: dict[str, Any] = {}
     stream = app.astream(inputs, stream_mode=["custom", "values"], subgraphs=True)
     if not args.quiet:
         stream = render_progress(stream)
     async for namespace, mode, data in stream:
         if mode == "values" and not namespace:
             final = data
+        elif mode == "custom" and (event := extract_fan_out_event(data)) is not None:
+            last_event = event
 
     failed = [n for n in final["notes"] if isinstance(n, SiblingError)]
     stats = tool_stats()
@@ -247,6 +251,7 @@ async def amain(argv: list[str] | None = None) -> int:
     )
     print("report:")
     print(final["report"])
+    _common.print_llm_stats(last_event)
     return 0 if not failed else 1
 
 

@@ -74,6 +74,7 @@ def build_graph() -> CompiledStateGraph[Any, Any, Any, Any]:
             build_answerer(),
             items="topics",
             into="results",
+            scheduler=_common.SCHEDULER,
             make_input=lambda topic, _i: {"topic": topic},
             result=lambda final: {"topic": final["topic"], "answer": final["answer"]},
         ),

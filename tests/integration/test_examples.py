@@ -65,6 +65,11 @@ def test_code_review_example(example_emulator: str) -> None:
     assert re.search(r"findings: \d+ by severity: \{'high': \d+", out), out
     # Two files per package: the emulator requests identical read_file calls per package.
     assert "tool calls: requested 6 executed 3 shared 3" in out, out
+    # 6 reviewers x 2 turns through the shared scheduler; the emulator caches shared prefixes.
+    stats = re.search(r"llm calls: (\d+) failed 0 retries \d+; prompt tokens \d+ \((\d+)% c", out)
+    assert stats, out
+    assert int(stats.group(1)) == 12
+    assert int(stats.group(2)) > 0
 
 
 def test_research_example(example_emulator: str) -> None:
