@@ -157,7 +157,9 @@ def _json_schema_parser(schema: Any) -> Callable[[AIMessage], Any]:
             msg = f"The model's structured output is not valid JSON: {text[:200]!r}"
             raise OutputParserException(msg, llm_output=text) from exc
         if pydantic_schema is not None:
-            return pydantic_schema.model_validate(data)
+            # pydantic.v1 models (still accepted by LangChain) have parse_obj only.
+            validate = getattr(pydantic_schema, "model_validate", None)
+            return validate(data) if validate else pydantic_schema.parse_obj(data)
         return data
 
     return parse

@@ -44,6 +44,13 @@ async def test_invoke_and_stream_usage(emulator_url: str) -> None:
     assert msg.response_metadata["model_name"] == MODEL
     assert msg.response_metadata["request_id"].startswith("lgb-")
     assert msg.response_metadata["id"]
+    # The same prompt again hits the emulator's prefix cache, reported as cache_read.
+    # (only full 16-token blocks are cached, so the prompt must be long enough).
+    long_prompt = " ".join(f"word{i}" for i in range(80))
+    await llm.ainvoke(long_prompt)
+    again = await llm.ainvoke(long_prompt)
+    assert again.usage_metadata is not None
+    assert again.usage_metadata.get("input_token_details", {}).get("cache_read", 0) > 0
     chunks = [c async for c in llm.astream("hello there")]
     assert all(isinstance(c, AIMessageChunk) for c in chunks)
     assert len(chunks) > 2
