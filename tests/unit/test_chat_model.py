@@ -394,3 +394,25 @@ async def test_concurrent_calls_respect_max_inflight() -> None:
     assert len(results) == 6
     assert backend.peak == 2
     assert len(backend.requests) == 6
+
+
+async def test_langgraph_messages_stream_mode_gets_tokens() -> None:
+    """stream_mode="messages" routes invoke to _astream with run_manager=None."""
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    llm, backend = make()
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await llm.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState).add_node("agent", agent)
+    graph.add_edge(START, "agent").add_edge("agent", END)
+    tokens = [
+        msg.text
+        async for msg, _meta in graph.compile().astream(
+            {"messages": [HumanMessage("hi")]}, stream_mode="messages"
+        )
+    ]
+    assert "".join(tokens) == "hello world"
+    assert len(tokens) >= 3
+    assert backend.requests[0].stream is True

@@ -118,3 +118,17 @@ def test_bad_combinations() -> None:
         llm.with_structured_output(None)
     with pytest.raises(ValueError, match="Unknown structured output method"):
         llm.with_structured_output(Verdict, method="xml")  # type: ignore[arg-type]
+
+
+async def test_pydantic_v1_schema() -> None:
+    from pydantic.v1 import BaseModel as BaseModelV1
+
+    class OldVerdict(BaseModelV1):
+        """A judgement."""
+
+        label: str
+        confidence: float
+
+    llm, _ = make()
+    out = await llm.with_structured_output(OldVerdict).ainvoke("judge")
+    assert out == OldVerdict(label="yes", confidence=0.9)
