@@ -6,6 +6,7 @@ at teardown; the test asserts it is gone.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -38,14 +39,32 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def studio_config(workdir: Path) -> Path:
+    """The repo's langgraph.json with its paths made absolute, written into `workdir`.
+
+    `langgraph dev` resolves graph paths against its working directory and keeps
+    its in-memory state in `./.langgraph_api`; running it in a temporary directory
+    keeps each test's server state separate and out of the repository.
+    """
+    config = json.loads((REPO / "langgraph.json").read_text())
+    config["dependencies"] = [str((REPO / d).resolve()) for d in config["dependencies"]]
+    config["graphs"] = {
+        name: str((REPO / spec.split(":")[0]).resolve()) + ":" + spec.split(":")[1]
+        for name, spec in config["graphs"].items()
+    }
+    path = workdir / "langgraph.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
 class DevServer:
     """A `langgraph dev` process group on a free loopback port."""
 
-    def __init__(self, *, env: dict[str, str], log: Path) -> None:
+    def __init__(self, *, env: dict[str, str], workdir: Path) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self._log_fh = log.open("wb")
+        self.log = workdir / "langgraph-dev.log"
+        self._log_fh = self.log.open("wb")
         self.proc = subprocess.Popen(
             [
                 str(LANGGRAPH),
@@ -120,7 +139,7 @@ def dev_server(tmp_path: Path, studio_emulator: str) -> Iterator[DevServer]:
         LGB_BACKEND_URL=studio_emulator,  # the graphs would otherwise start their own emulator
     )
     env.pop("LGB_MODEL", None)  # exercised: the graphs ask the server's /v1/models
-    server = DevServer(env=env, log=tmp_path / "langgraph-dev.log")
+    server = DevServer(env=env, workdir=tmp_path)
     try:
         server.wait_ready()
         yield server
@@ -128,6 +147,15 @@ def dev_server(tmp_path: Path, studio_emulator: str) -> Iterator[DevServer]:
         server.stop()
     assert server.proc.poll() is not None, "langgraph dev still running"
     assert not _group_alive(server.pgid), "a process of the langgraph dev group survived"
+
+
+def test_langgraph_json_is_valid() -> None:
+    from langgraph_cli.config import validate_config_file
+
+    config = validate_config_file(REPO / "langgraph.json")
+    assert set(config["graphs"]) == {"fan_out_demo", "code_review", "research"}
+    for spec in config["graphs"].values():
+        assert (REPO / spec.split(":")[0]).is_file(), spec
 
 
 async def test_studio_fan_out_graph_and_run(dev_server: DevServer) -> None:
