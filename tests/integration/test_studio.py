@@ -76,9 +76,9 @@ class DevServer:
                 "--port",
                 str(self.port),
                 "--config",
-                str(REPO / "langgraph.json"),
+                str(studio_config(workdir)),
             ],
-            cwd=REPO,  # graph paths in langgraph.json are relative to the working directory
+            cwd=workdir,
             env=env,
             stdout=self._log_fh,
             stderr=subprocess.STDOUT,
