@@ -4,11 +4,22 @@ Two drop-ins change how a graph's LLM and tool calls reach the hardware:
 `BatchedChatModel` (a LangChain chat model whose calls go through a shared,
 batching, priority-aware `Scheduler`) and `fan_out` (a graph node that runs N
 sibling subgraphs with failure isolation, tool coalescing and progress).
+
+```python
+from langgraph_batch import BatchedChatModel, BatchToolNode, coalesce, fan_out
+
+llm = BatchedChatModel(model="my-model", base_url="vllm://127.0.0.1:8000")
+```
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from langgraph_batch._progress import ProgressBar, render_progress
+from langgraph_batch._tool_stats import ToolStats, tool_stats
 from langgraph_batch._version import __version__
+from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import (
     BackendAuthenticationError,
     BackendBadRequestError,
@@ -28,6 +39,12 @@ from langgraph_batch.errors import (
     SchedulerError,
     SiblingFailedError,
 )
+from langgraph_batch.nodes import FanOutNode, SiblingError, fan_out
+from langgraph_batch.scheduler import BatchPolicy, Scheduler, SchedulerState, SchedulerStats
+from langgraph_batch.tools import BatchToolNode, coalesce
+
+if TYPE_CHECKING:
+    from langgraph_batch._middleware import BatchMiddleware
 
 __all__ = (
     "BackendAuthenticationError",
@@ -38,14 +55,39 @@ __all__ = (
     "BackendServerError",
     "BackendStreamError",
     "BackendTimeoutError",
+    "BatchMiddleware",
+    "BatchPolicy",
     "BatchTimeoutError",
+    "BatchToolNode",
+    "BatchedChatModel",
     "ContextLengthExceededError",
+    "FanOutNode",
     "LangGraphBatchError",
     "MalformedToolCallError",
     "ModelNotFoundError",
+    "ProgressBar",
+    "Scheduler",
     "SchedulerClosedError",
     "SchedulerDeadError",
     "SchedulerError",
+    "SchedulerState",
+    "SchedulerStats",
+    "SiblingError",
     "SiblingFailedError",
+    "ToolStats",
     "__version__",
+    "coalesce",
+    "fan_out",
+    "render_progress",
+    "tool_stats",
 )
+
+
+def __getattr__(name: str) -> Any:
+    # BatchMiddleware needs the optional `langchain` package (create_agent):
+    # import it on first use so the core install does not require it.
+    if name == "BatchMiddleware":
+        from langgraph_batch._middleware import BatchMiddleware
+
+        return BatchMiddleware
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -253,8 +253,11 @@ class MalformedToolCallError(BackendError):
     """The model produced a tool call whose arguments are not a JSON object.
 
     Not raised by default: `BatchedChatModel` turns such calls into
-    `invalid_tool_calls` on the AIMessage (LangChain's convention), which
-    ToolNode answers with an error ToolMessage the model can react to.
+    `invalid_tool_calls` on the AIMessage (LangChain's convention), so nothing
+    crashes deep in the stack. `langchain.agents.create_agent` answers them
+    with an error ToolMessage on the next model call; a prebuilt ToolNode
+    graph (`tools_condition`) ends the sibling with that AIMessage, whose
+    `invalid_tool_calls[i]["error"]` says what was wrong.
 
     Attributes:
         tool_name: the tool the model tried to call.
