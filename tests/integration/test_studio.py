@@ -212,5 +212,14 @@ async def test_studio_fan_out_graph_and_run(dev_server: DevServer) -> None:
     state = await client.threads.get_state(thread["thread_id"])
     assert [r["topic"] for r in state["values"]["results"]] == topics  # checkpointed
 
+    # An example graph end to end under the server (create_agent siblings, structured
+    # output, coalesced tools, the server's checkpointer).
+    review_thread = await client.threads.create()
+    out = await client.runs.wait(
+        review_thread["thread_id"], registered["code_review"], input={"n": 4, "groups": 2}
+    )
+    assert out["report"]["reviewed"] == 4, out
+    assert out["report"]["failed"] == []
+
     log = dev_server.tail(10_000)
     assert "BlockingError" not in log, log  # nothing of ours blocks the server's event loop
