@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -15,6 +15,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
+
+# Live servers (read at import: the autouse hermetic_env fixture clears LGB_* per test).
+LIVE_SERVERS = {
+    "vllm": os.environ.get("LGB_VLLM_URL"),  # e.g. vllm://gpu1:8000 (deploy/vllm/serve.sh)
+    "sglang": os.environ.get("LGB_SGLANG_URL"),  # e.g. sglang://gpu1:30000
+}
 
 # Flags every vLLM launch in deploy/ must carry (see deploy/vllm/README.md).
 VLLM_FLAGS = (
@@ -58,9 +64,9 @@ def run_example(script: str, *args: str, env: dict[str, str] | None = None) -> s
 
 
 def test_code_review_example(example_emulator: str) -> None:
-    url = example_emulator
+    url = example_emulator.replace("http://", "vllm://")  # the vLLM backend
     out = run_example("code_review.py", "--n", "6", "--groups", "3", "--backend-url", url)
-    assert f"backend: {example_emulator} model: emulated-llama-3-8b (EMULATED)" in out
+    assert f"backend: {url} model: emulated-llama-3-8b (EMULATED)" in out
     assert "files: 6 reviewed: 6 failed: 0" in out
     assert re.search(r"findings: \d+ by severity: \{'high': \d+", out), out
     # Two files per package: the emulator requests identical read_file calls per package.
@@ -72,8 +78,9 @@ def test_code_review_example(example_emulator: str) -> None:
     assert int(stats.group(2)) > 0
 
 
-def test_research_example(example_emulator: str) -> None:
-    url = example_emulator
+def test_research_example(start_emulator: Callable[..., str]) -> None:
+    # SGLang's flavour of the emulator, through the SGLang backend.
+    url = start_emulator(flavor="sglang").replace("http://", "sglang://")
     out = run_example("research.py", "--n", "6", "--clusters", "2", "--backend-url", url)
     assert "(EMULATED)" in out
     assert "sub-questions: 6 researched: 6 failed: 0" in out
@@ -89,6 +96,16 @@ def test_example_starts_and_stops_its_own_emulator() -> None:
     assert "sub-questions: 2 researched: 2 failed: 0" in out
     with pytest.raises(httpx.ConnectError):  # stopped at exit
         httpx.get(f"{match.group(1)}/health", timeout=2.0)
+
+
+@pytest.mark.parametrize("engine", sorted(LIVE_SERVERS))
+def test_code_review_against_a_live_server(engine: str) -> None:
+    url = LIVE_SERVERS[engine]
+    if not url:
+        pytest.skip(f"set LGB_{engine.upper()}_URL to run the example against a live {engine}")
+    out = run_example("code_review.py", "--n", "4", "--groups", "2", "--backend-url", url)
+    assert "(EMULATED)" not in out
+    assert "files: 4 reviewed: 4 failed: 0" in out, out
 
 
 def test_compose_file_is_valid_and_complete() -> None:
