@@ -1,4 +1,6 @@
-"""Shared fixtures: asyncio-only anyio backend in debug mode, a hermetic environment."""
+"""Shared fixtures: asyncio-only anyio backend in debug mode, a hermetic
+environment, and blockbuster so that a blocking call inside the event loop
+fails the test instead of silently stalling every sibling."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from blockbuster import BlockBuster, blockbuster_ctx
 
 
 @pytest.fixture
@@ -14,7 +17,7 @@ def anyio_backend() -> tuple[str, dict[str, bool]]:
 
 
 @pytest.fixture(autouse=True)
-def hermetic_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No API keys, tracing or proxies leak in from the developer's shell."""
     for name in list(os.environ):
         if name.startswith(("OPENAI_", "LANGSMITH_", "LANGCHAIN_", "LGB_", "VLLM_", "SGLANG_")) or (
@@ -22,4 +25,10 @@ def hermetic_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         ):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LANGSMITH_TRACING", "false")
-    yield
+
+
+@pytest.fixture(autouse=True)
+def blockbuster() -> Iterator[BlockBuster]:
+    """Fail any test whose code blocks the running event loop (file or socket I/O, sleep)."""
+    with blockbuster_ctx() as bb:
+        yield bb

@@ -207,7 +207,9 @@ async def test_works_with_a_checkpointer_and_state_is_saved() -> None:
     assert isinstance(snap.values["out"][0], SiblingError)
 
 
-async def test_xray_shows_the_sibling_subgraph() -> None:
+def test_xray_shows_the_sibling_subgraph() -> None:
+    # Sync on purpose: xray reads node sources (inspect), which is file I/O that
+    # blockbuster rightly forbids inside a running event loop.
     node = fan_out(number_graph(), items="xs", into="out", name="review")
     g = parent_graph(node)
     drawn = g.get_graph(xray=True)
