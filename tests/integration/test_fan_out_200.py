@@ -1,0 +1,204 @@
+"""fan_out at scale against the emulator: 200 ReAct siblings, real scheduler, coalesced tool.
+
+Each sibling is a prebuilt ReAct agent (`create_react_agent`) whose model is a
+`BatchedChatModel` pointed at the emulator (agent scenario: one tool call,
+then an answer) and whose tools run in a `BatchToolNode` with a coalesced
+lookup tool. Sibling i asks about `key=k<i % 20>`, so 20 distinct tool calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+from collections import Counter
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.graph import START, StateGraph
+
+from langgraph_batch._context import current_sibling
+from langgraph_batch.chat_model import BatchedChatModel
+from langgraph_batch.nodes import SiblingError, fan_out
+from langgraph_batch.scheduler import Scheduler
+from langgraph_batch.tools import BatchToolNode, coalesce
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:create_react_agent has been moved"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+
+MODEL = "emulated-llama-3-8b"
+N = 200
+KEYS = 20
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    # Debug mode records a stack for every task and future; with 200 siblings
+    # of ~20 tasks each it triples the runtime. The unit tests keep it on.
+    return ("asyncio", {"debug": False})
+
+
+class Parent(TypedDict, total=False):
+    docs: list[str]
+    reviews: Annotated[list[Any], operator.add]
+
+
+class Probe:
+    """What the tool saw: executions per key, and violations of the in-tool rules."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.executions: Counter[str] = Counter()
+        self.violations: list[str] = []
+        self.tool_calls = 0
+
+
+def build(
+    url: str, probe_box: list[Probe], *, max_inflight: int = 64, fail_key: str | None = None
+) -> tuple[Any, BatchedChatModel]:
+    from langgraph.prebuilt import create_react_agent
+
+    llm = BatchedChatModel(
+        model=MODEL,
+        base_url=url,
+        max_inflight=max_inflight,
+        max_tokens=256,
+        extra_body={"emulator": {"output_tokens": 8}},
+    )
+
+    @tool
+    async def lookup(key: str) -> str:
+        """Look a key up in the knowledge base."""
+        probe = probe_box[0]
+        probe.executions[key] += 1
+        sib = current_sibling()
+        if sib is None or not sib.in_tool:
+            probe.violations.append(f"tool without in-tool sibling: {sib}")
+        elif sib.admission is not None and sib.admission.holds(sib):
+            probe.violations.append(f"{sib.sibling_id} holds an active place in a tool")
+        held = {k: v for k, v in probe.scheduler.inflight_by_sibling().items() if v}
+        busy_in_tool = [s for s in held if s == (sib.sibling_id if sib else None)]
+        if busy_in_tool:
+            probe.violations.append(f"inference slot held in a tool: {busy_in_tool}")
+        await asyncio.sleep(0.01)  # a slow-ish lookup: other siblings overlap with it
+        if key == fail_key:
+            raise LookupError(f"no entry for {key}")
+        return f"value-of-{key}"
+
+    agent = create_react_agent(llm, tools=BatchToolNode([coalesce(lookup)]))
+    return agent, llm
+
+
+def parent_graph(agent: Any, **kw: Any) -> Any:
+    b = StateGraph(Parent)
+    b.add_node(
+        "review",
+        fan_out(
+            agent,
+            items="docs",
+            into="reviews",
+            make_input=lambda doc, i: {"messages": [HumanMessage(doc)]},
+            result=lambda final: final["messages"],
+            name="review",
+            **kw,
+        ),
+    )
+    b.add_edge(START, "review")
+    return b.compile()
+
+
+def docs(n: int = N) -> list[str]:
+    return [f"review doc #{i} key=k{i % KEYS}" for i in range(n)]
+
+
+def check_sibling(i: int, messages: list[Any]) -> None:
+    assert messages[0].content == f"review doc #{i} key=k{i % KEYS}"
+    tool_msgs = [m for m in messages if isinstance(m, ToolMessage)]
+    assert [m.content for m in tool_msgs] == [f"value-of-k{i % KEYS}"]
+    assert messages[-1].type == "ai"
+    assert not messages[-1].tool_calls
+
+
+async def test_200_react_siblings_in_order_one_failure_one_execution_per_distinct_key(
+    emulator_url: str,
+) -> None:
+    box: list[Probe] = []
+    agent, llm = build(emulator_url, box, fail_key="boom")
+    scheduler = llm.get_scheduler()
+    box.append(Probe(scheduler))
+    items = docs()
+    items[57] = "review doc #57 key=boom"
+    events: list[dict[str, Any]] = []
+    final: dict[str, Any] = {}
+    async for mode, data in parent_graph(agent, scheduler=scheduler).astream(
+        {"docs": items}, stream_mode=["custom", "values"]
+    ):
+        if mode == "custom":
+            events.append(data)
+        else:
+            final = data
+    reviews = final["reviews"]
+    assert len(reviews) == N
+    # the failing sibling is a SiblingError in its place; the 199 others are intact
+    err = reviews[57]
+    assert isinstance(err, SiblingError)
+    assert (err.index, err.item, err.error_type) == (57, items[57], "LookupError")
+    assert "no entry for boom" in err.message
+    for i, messages in enumerate(reviews):
+        if i != 57:
+            check_sibling(i, messages)
+    # coalescing: one execution per distinct key (20 keys + "boom")
+    probe = box[0]
+    assert probe.violations == []
+    assert sorted(probe.executions) == sorted([f"k{j}" for j in range(KEYS)] + ["boom"])
+    assert sum(probe.executions.values()) == KEYS + 1
+    # progress events and scheduler stats
+    done = events[-1]
+    assert (done["event"], done["done"], done["failed"], done["total"]) == ("done", N, 1, N)
+    assert done["stats"]["completed"] >= 2 * N - 1
+    assert sum(e["event"] == "sibling_finished" for e in events) == N - 1
+    assert [e["index"] for e in events if e["event"] == "sibling_failed"] == [57]
+    assert scheduler.stats().queued == 0
+
+
+async def test_cancelling_mid_run_leaves_no_task_and_no_queued_request(
+    emulator_url: str,
+) -> None:
+    box: list[Probe] = []
+    agent, llm = build(emulator_url, box, max_inflight=4)
+    scheduler = llm.get_scheduler()
+    box.append(Probe(scheduler))
+    graph = parent_graph(agent)
+    before = asyncio.all_tasks()
+    finished = 0
+    saw_queue = False
+    reached = asyncio.Event()
+
+    async def consume() -> None:
+        nonlocal finished, saw_queue
+        async for data in graph.astream({"docs": docs()}, stream_mode="custom"):
+            if data.get("event") == "sibling_finished":
+                finished += 1
+                saw_queue = saw_queue or scheduler.stats().queued > 0
+                if finished >= 10:
+                    reached.set()
+
+    run = asyncio.create_task(consume())
+    await asyncio.wait_for(reached.wait(), 30)
+    assert scheduler.stats().queued > 0 or saw_queue  # requests were waiting for a slot
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert finished < N
+    stats = scheduler.stats()
+    assert stats.queued == 0
+    assert stats.in_flight == 0
+    assert scheduler.inflight_by_sibling() == {}
+    assert stats.cancelled > 0
+    await scheduler.aclose()
+    await asyncio.sleep(0)
+    leftover = {t for t in asyncio.all_tasks() - before if not t.done()}
+    assert leftover == set(), [t.get_name() for t in leftover]
