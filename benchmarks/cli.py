@@ -16,6 +16,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from importlib import metadata
@@ -97,36 +98,62 @@ def versions() -> dict[str, Any]:
 
 
 def run_contender(
-    name: str, job: dict[str, Any], *, timeout: float
-) -> tuple[dict[str, Any] | None, str | None]:
-    """Run one contender process; returns (client report, error)."""
+    name: str, job: dict[str, Any], *, timeout: float, trace_url: str | None = None
+) -> tuple[dict[str, Any] | None, str | None, list[list[float]]]:
+    """Run one contender process; returns (client report, error, server trace).
+
+    With `trace_url`, the emulator's running/waiting counts are sampled every
+    0.25 s while the contender runs: `[wall_s, running, waiting, busy_s]` rows
+    that show how the contender loads the server.
+    """
     python: Path | str = sys.executable
     if name == "batchagent":
         try:
             python = batchagent_python()
         except RuntimeError as exc:
-            return None, str(exc)
+            return None, str(exc), []
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.setdefault("LANGSMITH_TRACING", "false")
     cmd = [str(python), "-m", MODULES[name]]
-    try:
-        proc = subprocess.run(
-            cmd,
-            input=json.dumps(job),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            cwd=ROOT,
+    trace: list[list[float]] = []
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, env=env, cwd=ROOT
         )
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout:.0f} s"
-    for line in reversed(proc.stdout.splitlines()):
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(job))
+        proc.stdin.close()
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                return None, f"timed out after {timeout:.0f} s", trace
+            if trace_url is not None:
+                try:
+                    st = metrics.emulator_stats(trace_url)
+                    trace.append(
+                        [
+                            round(time.monotonic() - t0, 3),
+                            st.get("running", 0),
+                            st.get("waiting", 0),
+                            round(st.get("busy_time_s", 0.0), 3),
+                        ]
+                    )
+                except Exception:
+                    pass
+            time.sleep(0.25)
+        out.seek(0)
+        stdout = out.read()
+        err.seek(0)
+        stderr = err.read()
+    for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
-            return result, None
-    tail = (proc.stderr or proc.stdout or "")[-1500:]
-    return None, f"exit code {proc.returncode}, no result; output tail: {tail}"
+            return result, None, trace
+    tail = (stderr or stdout or "")[-1500:]
+    return None, f"exit code {proc.returncode}, no result; output tail: {tail}", trace
 
 
 def run_workload(
@@ -137,6 +164,8 @@ def run_workload(
     time_scale: float,
     seed: int,
     timeout: float,
+    trace: bool = False,
+    lgb_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every contender on one workload; returns the results dict."""
     from benchmarks.contenders import ideal
@@ -189,8 +218,12 @@ def run_workload(
                 model=MODEL,
                 contender=name,
             )
+            if lgb_options:
+                job["lgb_options"] = lgb_options
             t0 = time.monotonic()
-            client, error = run_contender(name, job, timeout=timeout)
+            client, error, trace = run_contender(
+                name, job, timeout=timeout, trace_url=emu.url if trace else None
+            )
             wall = time.monotonic() - t0
             if client is None:
                 log(f"{wl.id}: {name} FAILED: {error}")
@@ -208,6 +241,8 @@ def run_workload(
                     f"{name}: the emulator fell {lag:.2f} s behind real time "
                     f"(time scale {time_scale} too small for this machine); its times are inflated"
                 )
+            if trace:
+                entry["server_trace"] = trace
             results[name] = entry
             log(
                 f"{wl.id}: {name}: makespan {entry['makespan_s']:.2f} s (emulated), "
@@ -217,7 +252,11 @@ def run_workload(
     out: dict[str, Any] = {
         "workload": wl.id,
         "params": params(wl, n=n, seed=seed, time_scale=time_scale)
-        | {"times": "emulated seconds (wall seconds x time_scale)", "model": MODEL},
+        | {
+            "times": "emulated seconds (wall seconds x time_scale)",
+            "model": MODEL,
+            "lgb_options": lgb_options or {},
+        },
         "versions": versions(),
         "contenders": results,
     }
@@ -250,7 +289,28 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds allowed per contender run"
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="sample the emulator's running/waiting counts during each run (server_trace)",
+    )
+    parser.add_argument(
+        "--lgb-option",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="diagnostics: a BatchedChatModel option for the langgraph-batch contender "
+        "(recorded in params; reported runs use none)",
+    )
     return parser.parse_args(list(argv))
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return name.strip(), value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -280,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             time_scale=args.time_scale or wl.time_scale,
             seed=args.seed,
             timeout=args.timeout,
+            trace=args.trace,
+            lgb_options=dict(_parse_option(o) for o in args.lgb_option),
         )
         paths = report.write(result, args.out)
         written.append(result)

@@ -144,4 +144,5 @@ def combine(
         "errors": client.get("errors") or [],
         "run_error": client.get("run_error"),
         "samples": client.get("samples") or {},
+        "events": client.get("events") or [],
     }

@@ -87,6 +87,7 @@ def _answer_schema() -> dict[str, Any]:
             "name": "Finding",
             "strict": True,
             "schema": {
+                "title": "Finding",
                 "type": "object",
                 "properties": {
                     "summary": {"type": "string", "minLength": 4 * (_ANSWER_TOKENS - 12)},
@@ -512,6 +513,11 @@ async def _demo(args: argparse.Namespace) -> int:
             f"{_TASK_TOKENS}-token tasks, web_search tool ({_TOOL_LATENCY_S * 1000:.0f} ms, "
             f"{_distinct_keys(n)} distinct queries), JSON answer. Model {model}."
         )
+        # Warm both stacks up (imports, clients, graph compilation) with one
+        # sibling each, so neither run is charged one-time start-up costs.
+        await _run_batched(url, model, 1, service, progress=False)
+        await _run_naive(url, model, 1, service)
+        service.reset()
         _say("")
         _say("1) langgraph-batch: fan_out + BatchedChatModel + coalesced tool")
         _reset_server(url, emulated)

@@ -31,6 +31,12 @@ class Recorder:
     tool_calls_requested: int = 0
     llm_calls: int = 0
     samples: dict[int, str] = field(default_factory=dict)
+    events: list[tuple[float, int, str]] = field(default_factory=list)
+    """(seconds since t0, sibling, what): model/tool calls starting and ending."""
+
+    def event(self, index: int, what: str) -> None:
+        """Note a step of sibling `index` (for the timeline in the results)."""
+        self.events.append((round(time.monotonic() - self.t0, 4), index, what))
 
     def done(self, index: int, answer: str | None = None) -> None:
         """Sibling `index` produced its final answer now."""
@@ -49,6 +55,7 @@ class Recorder:
         self.samples.clear()
         self.tool_calls_requested = 0
         self.llm_calls = 0
+        self.events.clear()
 
 
 RECORDER = Recorder()
@@ -164,4 +171,5 @@ def run_measured(
         "client_cpu_s": out["client_cpu_s"],
         "peak_rss_mb": peak_rss_mb(),
         "samples": {str(k): v for k, v in sorted(rec.samples.items())},
+        "events": rec.events,
     }

@@ -98,7 +98,9 @@ def build_agent(llm: Any, tool_node: Any, *, name: str = "agent") -> Any:
     """Compile the sibling subgraph around a tool-bound chat model and a tool node."""
 
     async def model(state: AgentState) -> dict[str, Any]:
+        RECORDER.event(state["index"], "llm_start")
         msg = await llm.ainvoke(state["messages"])
+        RECORDER.event(state["index"], "llm_end")
         RECORDER.llm_calls += 1
         RECORDER.tool_calls_requested += len(getattr(msg, "tool_calls", None) or [])
         return {"messages": [msg]}

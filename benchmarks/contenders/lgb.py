@@ -26,12 +26,17 @@ def make_llm(job: dict[str, Any]) -> Any:
 
     extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
     host = job["llm_url"].split("://", 1)[1].rstrip("/")
+    options: dict[str, Any] = {}
+    if job.get("lgb_options"):
+        # Diagnostics only (`--lgb-option`): the reported runs use the defaults.
+        options.update(job["lgb_options"])
     return BatchedChatModel(
         model=job["model"],
         base_url=f"vllm://{host}",
         temperature=0.0,
         max_tokens=job["max_tokens"],
         extra_body=extra,
+        **options,
     )
 
 
