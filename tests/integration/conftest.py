@@ -33,7 +33,11 @@ def emulator_url(emulator_config: EmulatorConfig) -> Iterator[str]:
 
 @pytest.fixture
 def start_emulator() -> Iterator[Callable[..., str]]:
-    """Factory: `start_emulator(profile="zero", scenario="echo")` -> URL; stopped at teardown."""
+    """Factory: `start_emulator(profile="zero", scenario="echo")` -> URL; stopped at teardown.
+
+    It blocks until the server is healthy; from an async test call it with
+    `await asyncio.to_thread(start_emulator, ...)`.
+    """
     started: list[EmulatorProcess] = []
 
     def start(**overrides: Any) -> str:

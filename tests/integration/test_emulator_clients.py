@@ -25,6 +25,14 @@ LOOKUP = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _import_lazily_loaded_modules(emulator_url: str) -> None:
+    """The SDKs import (and read package metadata) on first use: do it off the event loop."""
+    openai.OpenAI(base_url=emulator_url + "/v1", api_key="x").close()
+    openai.AsyncOpenAI(base_url=emulator_url + "/v1", api_key="x")
+    ChatOpenAI(model=MODEL, base_url=emulator_url + "/v1", api_key="x")
+
+
 @pytest.fixture
 async def client(emulator_url: str) -> openai.AsyncOpenAI:
     async with openai.AsyncOpenAI(base_url=emulator_url + "/v1", api_key="x", max_retries=0) as c:
