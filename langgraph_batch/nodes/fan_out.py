@@ -48,6 +48,7 @@ into the `into` list, in input order.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import logging
@@ -80,6 +81,9 @@ DEFAULT_SIBLING_TOKENS = 4096
 
 _RUN_KEY = "__lgb_fan_out_run"
 """configurable key carrying the live `_FanOutRun` to the sibling tasks (never checkpointed)."""
+
+_METRICS_TIMEOUT_S = 2.0
+"""How long a fan_out waits for the server's metrics to size `max_active`."""
 
 _OK = "ok"
 _ERR = "error"
@@ -231,6 +235,21 @@ def _group_id(config: RunnableConfig) -> str:
     return uuid.uuid4().hex[:8]
 
 
+async def _fetch_kv_capacity(scheduler: Any) -> int | None:
+    """Ask the scheduler's backend for its KV capacity when no metrics were polled yet."""
+    backend = getattr(scheduler, "backend", None)
+    if backend is None or not callable(getattr(backend, "metrics", None)):
+        return None
+    try:
+        async with asyncio.timeout(_METRICS_TIMEOUT_S):
+            metrics = await backend.metrics()
+    except Exception:  # unknown capacity means no cap, never a failed run
+        logger.debug("fan_out: could not read the server's KV capacity", exc_info=True)
+        return None
+    capacity = getattr(metrics, "kv_capacity_tokens", None)
+    return capacity if isinstance(capacity, int) else None
+
+
 def _forget_run(group: str) -> None:
     """Drop what coalesced tools cached for this run (the tools module is optional here)."""
     tools = sys.modules.get("langgraph_batch.tools")
@@ -305,11 +324,12 @@ class _Spec:
                 return None
         return sched
 
-    def resolve_max_active(self, scheduler: Any) -> int | None:
+    async def resolve_max_active(self, scheduler: Any) -> int | None:
         if self.max_active is not None:
             return self.max_active
-        metrics = getattr(scheduler, "latest_metrics", None)
-        capacity = getattr(metrics, "kv_capacity_tokens", None)
+        capacity = getattr(getattr(scheduler, "latest_metrics", None), "kv_capacity_tokens", None)
+        if capacity is None:
+            capacity = await _fetch_kv_capacity(scheduler)
         if isinstance(capacity, int) and capacity > 0:
             return max(1, capacity // self.sibling_tokens)
         return None
@@ -395,7 +415,7 @@ def _build_runner(spec: _Spec, inner: Any) -> Callable[..., Any]:
     async def run_fan_out(state: Any, config: RunnableConfig) -> dict[str, Any]:
         items = spec.resolve_items(state)
         scheduler = spec.resolve_scheduler()
-        admission = SiblingAdmission(max_active=spec.resolve_max_active(scheduler))
+        admission = SiblingAdmission(max_active=await spec.resolve_max_active(scheduler))
         run = _FanOutRun(
             node=str(spec.name),
             group=_group_id(config),

@@ -63,7 +63,7 @@ def build(
 
     llm = BatchedChatModel(
         model=MODEL,
-        base_url=url,
+        base_url=url.replace("http://", "vllm://"),  # vLLM flavour: KV capacity in /metrics
         max_inflight=max_inflight,
         max_tokens=256,
         extra_body={"emulator": {"output_tokens": 8}},
@@ -161,6 +161,13 @@ async def test_200_react_siblings_in_order_one_failure_one_execution_per_distinc
     assert done["stats"]["completed"] >= 2 * N - 1
     assert sum(e["event"] == "sibling_finished" for e in events) == N - 1
     assert [e["index"] for e in events if e["event"] == "sibling_failed"] == [57]
+    # admission: the cap comes from the server's KV capacity (emulated vLLM /metrics)
+    cap = events[0]["max_active"]
+    assert events[0]["event"] == "started"
+    assert isinstance(cap, int)
+    assert 1 <= cap < N
+    assert done["peak_active"] <= cap
+    assert max(e["active"] for e in events) <= cap
     assert scheduler.stats().queued == 0
 
 
