@@ -86,10 +86,17 @@ def http_base(url: str) -> str:
     return base.removesuffix("/v1")
 
 
+def _api_key() -> str | None:
+    """The key BatchedChatModel would send (`LGB_API_KEY`, then `OPENAI_API_KEY`)."""
+    return os.environ.get("LGB_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+
+
 def _served_model(url: str) -> str:
     models_url = f"{http_base(url)}/v1/models"
+    key = _api_key()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        response = httpx.get(models_url, timeout=10.0)
+        response = httpx.get(models_url, headers=headers, timeout=10.0)
         response.raise_for_status()
         data = response.json()["data"]
         return str(data[0]["id"])
@@ -140,7 +147,11 @@ def settings() -> Settings:
         # is safe at import time (Studio) and across `asyncio.run` calls (scripts).
         register_scheduler(
             SCHEDULER,
-            backend_factory=functools.partial(backend_from_url, _settings.url),
+            backend_factory=functools.partial(
+                backend_from_url,
+                _settings.url,
+                api_key=_api_key(),  # the recipe, not the model, builds the backend
+            ),
             policy=BatchPolicy(max_inflight=MAX_INFLIGHT),
             replace=True,
         )

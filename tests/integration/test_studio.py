@@ -6,6 +6,7 @@ at teardown; the test asserts it is gone.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -99,6 +101,10 @@ class DevServer:
             time.sleep(0.2)
         pytest.fail(f"langgraph dev not ready after {timeout}s:\n{self.tail()}")
 
+    async def atail(self, n: int = 60) -> str:
+        """`tail` off the event loop (reading the log file blocks)."""
+        return await asyncio.to_thread(self.tail, n)
+
     def tail(self, n: int = 60) -> str:
         self._log_fh.flush()
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
@@ -161,9 +167,14 @@ def test_langgraph_json_is_valid() -> None:
 async def test_studio_fan_out_graph_and_run(dev_server: DevServer) -> None:
     from langgraph_sdk import get_client
 
-    client = get_client(url=dev_server.url)
+    async with get_client(url=dev_server.url) as client:
+        await _drive(client, dev_server)
+
+
+async def _drive(client: Any, dev_server: DevServer) -> None:
     registered = {a["graph_id"]: a["assistant_id"] for a in await client.assistants.search()}
-    assert {"fan_out_demo", "code_review", "research"} <= set(registered), dev_server.tail()
+    if not {"fan_out_demo", "code_review", "research"} <= set(registered):
+        pytest.fail(f"graphs missing: {sorted(registered)}\n{await dev_server.atail()}")
     aid = registered["fan_out_demo"]
 
     # The drawn graph: the fan_out node, and with xray the sibling subgraph inside it.
@@ -187,7 +198,7 @@ async def test_studio_fan_out_graph_and_run(dev_server: DevServer) -> None:
         stream_subgraphs=True,
     ):
         if part.event == "error":
-            pytest.fail(f"run failed: {part.data}\n{dev_server.tail()}")
+            pytest.fail(f"run failed: {part.data}\n{await dev_server.atail()}")
         if part.event.startswith("custom") and part.data.get("type") == "lgb.fan_out":
             events.append(part.data)
         elif part.event == "values":  # the parent graph's state (no namespace suffix)
@@ -221,5 +232,5 @@ async def test_studio_fan_out_graph_and_run(dev_server: DevServer) -> None:
     assert out["report"]["reviewed"] == 4, out
     assert out["report"]["failed"] == []
 
-    log = dev_server.tail(10_000)
+    log = await dev_server.atail(10_000)
     assert "BlockingError" not in log, log  # nothing of ours blocks the server's event loop
