@@ -57,7 +57,7 @@ import sys
 import traceback as tb
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Annotated, Any, Literal, TypedDict
 
 from langchain_core.runnables import RunnableConfig, RunnableLambda
@@ -174,7 +174,6 @@ class _FanOutRun:
     writer: Callable[[Any], None]
     done: int = 0
     failed: int = 0
-    siblings: dict[int, SiblingInfo] = field(default_factory=dict)
 
     def emit(self, event: str, **fields: Any) -> None:
         fields.setdefault("stats", _scheduler_stats(self.scheduler))
@@ -274,6 +273,8 @@ class _Spec:
     """
 
     name: str
+    named: bool
+    """Whether `name` was given (else progress events use the graph's node name)."""
     items: str | Callable[[Any], Sequence[Any]]
     into: str
     make_input: Callable[[Any, int], Any] | None
@@ -391,6 +392,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         self.subgraph = subgraph
         self.spec = _Spec(
             name=node_name,
+            named=name is not None,
             items=items,
             into=into,
             make_input=make_input,
@@ -416,8 +418,11 @@ def _build_runner(spec: _Spec, inner: Any) -> Callable[..., Any]:
         items = spec.resolve_items(state)
         scheduler = spec.resolve_scheduler()
         admission = SiblingAdmission(max_active=await spec.resolve_max_active(scheduler))
+        label = spec.name
+        if not spec.named:
+            label = str((config.get("metadata") or {}).get("langgraph_node") or label)
         run = _FanOutRun(
-            node=str(spec.name),
+            node=label,
             group=_group_id(config),
             total=len(items),
             admission=admission,
@@ -465,7 +470,6 @@ def _build_inner(spec: _Spec, subgraph: Any) -> Any:
         index: int = payload["index"]
         item = payload["item"]
         info = SiblingInfo(group=run.group, index=index, total=run.total, admission=run.admission)
-        run.siblings[index] = info
         child = merge_configs(
             config,
             {
@@ -506,8 +510,6 @@ def _build_inner(spec: _Spec, subgraph: Any) -> Any:
                 retryable=err.retryable,
             )
             return {"results": [[index, _ERR, err.to_dict()]]}
-        finally:
-            run.siblings.pop(index, None)
         run.done += 1
         run.emit("sibling_finished", index=index, turns=info.turn)
         return {"results": [[index, _OK, value]]}
@@ -552,7 +554,8 @@ def fan_out(
         result: `final_sibling_state -> value` to collect; default: the final state.
         on_error: `"collect"` (a `SiblingError` takes the failed sibling's
             place) or `"raise"` (`SiblingFailedError` once every sibling has
-            finished, with all errors attached).
+            finished, with all errors attached). A failed sibling counts as
+            finished: resuming the thread does not run it again.
         max_active: most siblings ACTIVE (not waiting, not in a tool) at once.
             Default: the server's KV capacity (`scheduler.latest_metrics.
             kv_capacity_tokens`) divided by `sibling_tokens`, or no cap when

@@ -193,3 +193,16 @@ async def test_render_progress_closes_the_line_when_the_stream_fails() -> None:
         async for _ in render_progress(broken(), stream=out, tty=True):
             pass
     assert out.getvalue().endswith("\n")
+
+
+async def test_events_name_the_graph_node_when_no_name_is_given() -> None:
+    node = fan_out(number_graph(), items="xs", into="out", make_input=lambda x, i: {"x": x})
+    b = StateGraph(Parent)
+    b.add_node("triage", node)
+    b.add_edge(START, "triage")
+    names = {
+        data["node"]
+        async for data in b.compile().astream({"xs": [1]}, stream_mode="custom")
+        if isinstance(data, dict)
+    }
+    assert names == {"triage"}
