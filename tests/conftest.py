@@ -4,11 +4,20 @@ fails the test instead of silently stalling every sibling."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 from collections.abc import Iterator
 
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
+
+# Third-party modules imported lazily the first time a client is built (the
+# import reads package metadata from disk). Importing them here keeps that
+# one-time file read out of the event loop, where blockbuster would flag it.
+for _module in ("httpcore2", "httpx2"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_module)
 
 
 @pytest.fixture
