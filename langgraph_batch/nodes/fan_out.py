@@ -410,6 +410,10 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         """The state key that receives the results."""
         return self.spec.into
 
+    def __repr__(self) -> str:
+        sub = getattr(self.subgraph, "name", None) or type(self.subgraph).__name__
+        return f"FanOutNode(name={self.name!r}, subgraph={sub!r}, into={self.spec.into!r})"
+
 
 def _build_runner(spec: _Spec, inner: Any) -> Callable[..., Any]:
     """The parent-graph node function (a closure over `inner`, so xray finds it)."""

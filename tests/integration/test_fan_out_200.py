@@ -18,7 +18,7 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, StateGraph
 
-from langgraph_batch._context import current_sibling
+from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.nodes import SiblingError, fan_out
 from langgraph_batch.scheduler import Scheduler
@@ -53,7 +53,32 @@ class Probe:
         self.scheduler = scheduler
         self.executions: Counter[str] = Counter()
         self.violations: list[str] = []
-        self.tool_calls = 0
+        self.in_tool: set[str] = set()
+        self.tool_enters = 0
+
+    def check_no_slot_in_tool(self) -> None:
+        """No sibling that is inside a tool has an inference request on the wire."""
+        busy = set(self.scheduler.inflight_by_sibling()) & self.in_tool
+        if busy:
+            self.violations.append(f"inference slot held in a tool: {sorted(busy)}")
+
+    def instrument(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Check at every `SiblingInfo.tool_enter` (followers of coalesced calls included)."""
+        enter, exit_ = SiblingInfo.tool_enter, SiblingInfo.tool_exit
+        probe = self
+
+        async def tool_enter(info: SiblingInfo) -> None:
+            await enter(info)
+            probe.tool_enters += 1
+            probe.in_tool.add(info.sibling_id)
+            probe.check_no_slot_in_tool()
+
+        async def tool_exit(info: SiblingInfo) -> None:
+            probe.in_tool.discard(info.sibling_id)
+            await exit_(info)
+
+        monkeypatch.setattr(SiblingInfo, "tool_enter", tool_enter)
+        monkeypatch.setattr(SiblingInfo, "tool_exit", tool_exit)
 
 
 def build(
@@ -79,10 +104,7 @@ def build(
             probe.violations.append(f"tool without in-tool sibling: {sib}")
         elif sib.admission is not None and sib.admission.holds(sib):
             probe.violations.append(f"{sib.sibling_id} holds an active place in a tool")
-        held = {k: v for k, v in probe.scheduler.inflight_by_sibling().items() if v}
-        busy_in_tool = [s for s in held if s == (sib.sibling_id if sib else None)]
-        if busy_in_tool:
-            probe.violations.append(f"inference slot held in a tool: {busy_in_tool}")
+        probe.check_no_slot_in_tool()
         await asyncio.sleep(0.01)  # a slow-ish lookup: other siblings overlap with it
         if key == fail_key:
             raise LookupError(f"no entry for {key}")
@@ -123,12 +145,13 @@ def check_sibling(i: int, messages: list[Any]) -> None:
 
 
 async def test_200_react_siblings_in_order_one_failure_one_execution_per_distinct_key(
-    emulator_url: str,
+    emulator_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     box: list[Probe] = []
     agent, llm = build(emulator_url, box, fail_key="boom")
     scheduler = llm.get_scheduler()
     box.append(Probe(scheduler))
+    box[0].instrument(monkeypatch)
     items = docs()
     items[57] = "review doc #57 key=boom"
     events: list[dict[str, Any]] = []
@@ -153,6 +176,8 @@ async def test_200_react_siblings_in_order_one_failure_one_execution_per_distinc
     # coalescing: one execution per distinct key (20 keys + "boom")
     probe = box[0]
     assert probe.violations == []
+    assert probe.tool_enters == N  # every sibling entered the tool node once
+    assert probe.in_tool == set()
     assert sorted(probe.executions) == sorted([f"k{j}" for j in range(KEYS)] + ["boom"])
     assert sum(probe.executions.values()) == KEYS + 1
     # progress events and scheduler stats

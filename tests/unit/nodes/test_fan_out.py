@@ -82,6 +82,12 @@ def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], exc: type[Ex
         fan_out(number_graph(), **args)
 
 
+def test_repr_names_the_node_and_subgraph() -> None:
+    node = fan_out(number_graph(), items="xs", into="out", name="review")
+    assert repr(node) == "FanOutNode(name='review', subgraph='numbers', into='out')"
+    assert node.into == "out"
+
+
 def test_subgraph_without_ainvoke_is_rejected() -> None:
     with pytest.raises(TypeError, match="ainvoke"):
         fan_out(object(), items="xs", into="out")
@@ -367,3 +373,38 @@ async def test_cancelling_the_run_cancels_every_sibling() -> None:
     assert [t for t in spawned if not t.done()] == []
     leftover = asyncio.all_tasks() - before
     assert leftover == {asyncio.current_task()} or leftover == set()
+
+
+async def test_interrupt_inside_a_sibling_pauses_and_resumes_only_that_sibling() -> None:
+    from langgraph.types import Command, interrupt
+
+    class S(TypedDict, total=False):
+        x: int
+        y: Any
+
+    calls: list[int] = []
+
+    def ask(state: S) -> dict[str, Any]:
+        calls.append(state["x"])
+        if state["x"] == 2:
+            return {"y": f"approved:{interrupt('need approval')}"}
+        return {"y": state["x"]}
+
+    b = StateGraph(S)
+    b.add_node("ask", ask)
+    b.add_edge(START, "ask")
+    node = fan_out(
+        b.compile(),
+        items="xs",
+        into="out",
+        make_input=lambda x, i: {"x": x},
+        result=lambda f: f["y"],
+    )
+    g = parent_graph(node, checkpointer=InMemorySaver())
+    cfg: Any = {"configurable": {"thread_id": "hitl"}}
+    first = await g.ainvoke({"xs": [0, 1, 2, 3]}, cfg)
+    assert [i.value for i in first["__interrupt__"]] == ["need approval"]
+    assert "out" not in first
+    resumed = await g.ainvoke(Command(resume="yes"), cfg)
+    assert resumed["out"] == [0, 1, "approved:yes", 3]
+    assert sorted(calls) == [0, 1, 2, 2, 3]  # only the interrupted sibling ran again
