@@ -28,6 +28,7 @@ from langgraph_batch.backends.base import (
     Usage,
 )
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
+from langgraph_batch.backends.pool import EndpointPool
 from langgraph_batch.backends.sglang import SGLangBackend
 from langgraph_batch.backends.vllm import VLLMBackend
 
@@ -37,6 +38,7 @@ __all__ = (
     "ChatChunk",
     "ChatRequest",
     "ChatResponse",
+    "EndpointPool",
     "EngineMetrics",
     "ModelInfo",
     "OpenAICompatibleBackend",

@@ -6,6 +6,7 @@ from typing import Any
 
 from langgraph_batch.backends.base import Backend
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
+from langgraph_batch.backends.pool import EndpointPool
 from langgraph_batch.backends.sglang import SGLangBackend
 from langgraph_batch.backends.vllm import VLLMBackend
 
@@ -13,7 +14,13 @@ __all__ = ("backend_from_url",)
 
 _ACCEPTED = (
     "http://host:port[/v1] or https://host[/v1] (any OpenAI-compatible server), "
-    "openai://host (OpenAI-compatible over https), vllm://host:port, sglang://host:port"
+    "openai://host (OpenAI-compatible over https), vllm://host:port, sglang://host:port; "
+    "a comma-separated host list (vllm://h1:8000,h2:8000) builds an EndpointPool"
+)
+
+# Options that configure the pool, not its members.
+_POOL_OPTIONS = frozenset(
+    {"routing", "load_factor", "cooldown_s", "max_cooldown_s", "virtual_nodes", "max_affinity_keys"}
 )
 
 _SCHEMES: dict[str, tuple[type[OpenAICompatibleBackend], str]] = {
@@ -40,20 +47,28 @@ def backend_from_url(
         backend_from_url("http://127.0.0.1:8000/v1")     # OpenAICompatibleBackend
         backend_from_url("sglang://gpu1:30000", priority_scheduling=True)
         backend_from_url("openai://api.openai.com", api_key="sk-...")
+        backend_from_url("vllm://gpu1:8000,gpu2:8000", routing="affinity")  # EndpointPool
         ```
 
     Args:
         url: `http(s)://host:port[/v1]`, `openai://host`, `vllm://host:port` or
             `sglang://host:port` (`vllm+https://` and `sglang+https://` for TLS).
+            Several comma-separated hosts after one scheme
+            (`vllm://h1:8000,h2:8000`) build an `EndpointPool` of that class.
         api_key: sent as a Bearer token.
         timeout: read timeout per call, seconds.
-        **options: passed to the backend class (e.g. `priority_scheduling=True`).
+        **options: passed to the backend class (e.g. `priority_scheduling=True`);
+            `routing`, `load_factor`, `cooldown_s`, `max_cooldown_s`,
+            `virtual_nodes` and `max_affinity_keys` go to the `EndpointPool`
+            of a host list (and are ignored for a single host).
 
     Returns:
-        An `OpenAICompatibleBackend`, `VLLMBackend` or `SGLangBackend`.
+        An `OpenAICompatibleBackend`, `VLLMBackend` or `SGLangBackend`; an
+        `EndpointPool` of them for a host list.
 
     Raises:
-        ValueError: the URL has no host or an unknown scheme.
+        ValueError: the URL has no host (or an empty entry in a host list) or an
+            unknown scheme.
     """
     if not isinstance(url, str) or "://" not in url:
         raise ValueError(f"backend URL {url!r} has no scheme; use one of: {_ACCEPTED}")
@@ -65,4 +80,15 @@ def backend_from_url(
     if not rest or rest.startswith("/"):
         raise ValueError(f"backend URL {url!r} has no host; use one of: {_ACCEPTED}")
     cls, http_scheme = entry
-    return cls(f"{http_scheme}://{rest}", api_key=api_key, timeout=timeout, **options)
+    pool_options = {k: options.pop(k) for k in _POOL_OPTIONS & options.keys()}
+    hosts = [h.strip().rstrip("/") for h in rest.split(",")]
+    if len(hosts) == 1:
+        return cls(f"{http_scheme}://{rest}", api_key=api_key, timeout=timeout, **options)
+    if any(not h or h.startswith("/") for h in hosts):
+        raise ValueError(
+            f"backend URL {url!r} has an empty host in its list; use one of: {_ACCEPTED}"
+        )
+    members = [
+        cls(f"{http_scheme}://{h}", api_key=api_key, timeout=timeout, **options) for h in hosts
+    ]
+    return EndpointPool(members, **pool_options)
