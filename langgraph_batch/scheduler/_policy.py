@@ -19,6 +19,17 @@ cap: multiplicative decrease on HTTP 429/503 or on a rising
 `num_preemptions_total`, additive increase while the server keeps no queue of
 its own (`num_requests_waiting == 0`) and ours is non-empty. Without engine
 metrics the limit only recovers towards `max_inflight`, never beyond it.
+
+Prefix warming (when enabled): every item may carry a `prefix` key (a hash
+of the shared leading part of its prompt: system message(s) + tools). The
+first item with a key that is not warm becomes its LEADER and is queued
+normally; later items with the same key are HELD (out of the heaps, no slot)
+until the runner reports the leader's first token (`on_first_token`) or the
+leader completes. Then the key is warm and the held items rejoin the queue
+with their original priority entries. A leader that fails, is cancelled or
+withdrawn hands the lead to the best held item. Warm keys live in a bounded
+LRU and expire after `warm_ttl_s` without use (the engine's radix cache may
+have evicted the prefix by then).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import enum
 import heapq
 import math
+from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,6 +62,13 @@ RUNNING = 1
 DONE = 2
 WITHDRAWN = 3
 NEW = 4
+HELD = 5
+
+PrefixWarming = Literal["auto", "on", "off"]
+_PREFIX_WARMING: tuple[str, ...] = ("auto", "on", "off")
+
+# Remember this many warm prefix keys (least recently used forgotten first).
+_WARM_MEMORY = 4096
 
 # Remember attained service for this many siblings (oldest forgotten first).
 _LAS_MEMORY = 100_000
@@ -108,6 +127,14 @@ class BatchPolicy:
     """Default per-request timeout, queue wait included (None: no limit)."""
     stats_window: int = 10_000
     """Latency samples kept for the percentiles in `SchedulerStats`."""
+    prefix_warming: PrefixWarming = "auto"
+    """Send the first request of a new shared prefix (system prompt + tools)
+    alone and hold its siblings until its first token arrives: `auto` (only on
+    SGLang, whose radix cache shares a prefix only after the prefill that
+    computed it), `on` or `off`. See `warms_prefixes`."""
+    warm_ttl_s: float = 60.0
+    """A warm prefix not used for this long is warmed again (the server's
+    cache may have evicted it)."""
 
     def __post_init__(self) -> None:
         _check_int("max_inflight", self.max_inflight, 1)
@@ -149,6 +176,32 @@ class BatchPolicy:
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"timeout={self.timeout!r} must be > 0 seconds (or None)")
         _check_int("stats_window", self.stats_window, 1)
+        if self.prefix_warming not in _PREFIX_WARMING:
+            raise ValueError(
+                f"prefix_warming={self.prefix_warming!r} is not one of {', '.join(_PREFIX_WARMING)}"
+            )
+        if not self.warm_ttl_s > 0:
+            raise ValueError(f"warm_ttl_s={self.warm_ttl_s!r} must be > 0")
+
+    def warms_prefixes(self, flavor: str) -> bool:
+        """Whether prefix warming is on for a backend of this flavour.
+
+        Args:
+            flavor: `BackendCapabilities.flavor` ("openai", "vllm", "sglang").
+
+        Returns:
+            True for `on`; for `auto`, True only on `sglang` (vLLM V1 shares a
+            prefix among requests scheduled in the same step, so holding
+            siblings back would only add latency there).
+
+        Example:
+            ```python
+            assert BatchPolicy().warms_prefixes("sglang")
+            assert not BatchPolicy().warms_prefixes("vllm")
+            ```
+        """
+        mode = self.prefix_warming
+        return mode == "on" or (mode == "auto" and flavor == "sglang")
 
     @property
     def hard_cap(self) -> int:
@@ -227,8 +280,11 @@ class PolicyItem:
         "entry",
         "future",
         "group",
+        "held_at",
         "in_batch",
+        "leading",
         "payload",
+        "prefix",
         "queued_s",
         "seq",
         "sibling_id",
@@ -244,6 +300,7 @@ class PolicyItem:
         group: str | None = None,
         batchable: bool = False,
         payload: Any = None,
+        prefix: Hashable | None = None,
     ) -> None:
         self.turn = turn
         """Turns (LLM calls) the caller has completed; more goes first in depth_first."""
@@ -255,6 +312,11 @@ class PolicyItem:
         """May go out in one `complete_batch` call with others."""
         self.payload = payload
         """Whatever the runner attaches (the ChatRequest)."""
+        self.prefix = prefix
+        """Key of the shared prompt prefix (None: no prefix warming for this item)."""
+        self.leading = False
+        """This item is warming its prefix (the runner reports its first token)."""
+        self.held_at = 0.0
         self.seq = -1
         self.state = NEW
         self.entry: tuple[float, int, PolicyItem] | None = None
@@ -302,6 +364,8 @@ class BatchPolicyCore:
             backend supports `complete_batch` and the policy enables it).
         has_metrics: whether engine metrics will arrive (`on_metrics`); without
             them the limit never grows beyond `max_inflight`.
+        warming: hold items whose `prefix` is being warmed (see the module
+            docstring); usually `policy.warms_prefixes(flavor)`.
 
     Example:
         ```python
@@ -317,7 +381,12 @@ class BatchPolicyCore:
     """
 
     def __init__(
-        self, policy: BatchPolicy, *, batching: bool = False, has_metrics: bool = False
+        self,
+        policy: BatchPolicy,
+        *,
+        batching: bool = False,
+        has_metrics: bool = False,
+        warming: bool = False,
     ) -> None:
         self.policy = policy
         self._mode = policy.priority
@@ -346,13 +415,45 @@ class BatchPolicyCore:
         self._util_t: float | None = None
         self._util_t0: float | None = None
         self.latest_metrics: EngineMetrics | None = None
+        self._warming = warming
+        self._warm_ttl = policy.warm_ttl_s
+        self._warm: OrderedDict[Hashable, float] = OrderedDict()
+        self._leaders: dict[Hashable, PolicyItem] = {}
+        self._held: dict[Hashable, list[PolicyItem]] = {}
+        self._held_count = 0
+        self.warmups = 0
+        """Leaders dispatched (prefix warm-ups started)."""
+        self.held_total = 0
+        """Items that were held behind a warming leader."""
+        self.held_s = 0.0
+        """Seconds items spent held behind leaders, summed."""
 
     # ------------------------------------------------------------------ views
 
     @property
     def queued(self) -> int:
-        """Items waiting for a slot (withdrawn ones excluded)."""
+        """Items waiting for a slot, held ones included (withdrawn ones excluded)."""
+        return self._queued + self._bqueued + self._held_count
+
+    @property
+    def ready(self) -> int:
+        """Items waiting for a slot that `plan` may grant (held ones excluded)."""
         return self._queued + self._bqueued
+
+    @property
+    def held(self) -> int:
+        """Items held until their prefix is warm."""
+        return self._held_count
+
+    @property
+    def warming(self) -> bool:
+        """Whether prefix warming is on."""
+        return self._warming
+
+    def is_warm(self, prefix: Hashable, now: float) -> bool:
+        """Whether a prefix key is warm now (warmed and used within `warm_ttl_s`)."""
+        t = self._warm.get(prefix)
+        return t is not None and now - t <= self._warm_ttl
 
     @property
     def in_flight(self) -> int:
@@ -396,6 +497,10 @@ class BatchPolicyCore:
     def enqueue(self, item: PolicyItem, now: float) -> None:
         """Queue an item (a retry keeps its first sequence number, so it keeps its place).
 
+        With prefix warming on, an item whose prefix is being warmed by
+        another item is held (out of the queue) until that leader's first
+        token; the first item of a cold prefix becomes its leader.
+
         Args:
             item: a new item, or one that finished an attempt and is retried.
             now: the current time, seconds.
@@ -403,7 +508,7 @@ class BatchPolicyCore:
         Raises:
             ValueError: the item is already queued or running.
         """
-        if item.state == QUEUED or item.state == RUNNING:
+        if item.state == QUEUED or item.state == RUNNING or item.state == HELD:
             raise ValueError(f"{item!r} is already queued or running")
         if item.seq < 0:
             item.seq = self._seq
@@ -418,10 +523,22 @@ class BatchPolicyCore:
             primary = self._attained.get(sid, 0.0) if sid is not None else 0.0
         entry = (primary, item.seq, item)
         item.entry = entry
-        item.state = QUEUED
         item.enqueued_at = now
         item.in_batch = False
-        if self._batching and item.batchable:
+        if self._warming and item.prefix is not None and not self._admit_prefix(item, now):
+            item.state = HELD
+            item.held_at = now
+            self._held.setdefault(item.prefix, []).append(item)
+            self._held_count += 1
+            self.held_total += 1
+            return
+        self._push(item, now)
+
+    def _push(self, item: PolicyItem, now: float) -> None:
+        entry = item.entry
+        assert entry is not None
+        item.state = QUEUED
+        if self._batching and item.batchable and not item.leading:
             heapq.heappush(self._bheap, entry)
             if self._bqueued == 0:
                 self._window_open = now
@@ -450,6 +567,8 @@ class BatchPolicyCore:
             or (item.batchable and self._batching)
         ):
             return False
+        if self._warming and item.prefix is not None and not self._admit_prefix(item, now):
+            return False
         if item.seq < 0:
             item.seq = self._seq
             self._seq += 1
@@ -458,18 +577,36 @@ class BatchPolicyCore:
         self._grant(item, now)
         return True
 
-    def withdraw(self, item: PolicyItem) -> bool:
-        """Remove a queued item (its caller went away). Lazy: O(1).
+    def withdraw(self, item: PolicyItem, now: float = 0.0) -> bool:
+        """Remove a queued or held item (its caller went away). Lazy: O(1).
+
+        A withdrawn prefix leader hands the lead to the best held item.
+
+        Args:
+            item: the item.
+            now: the current time, seconds (for the held-time statistics).
 
         Returns:
             True when the item was queued; False when it was not (already
             granted, finished or withdrawn), which is not an error.
         """
+        if item.state == HELD:
+            item.state = WITHDRAWN
+            self._held_count -= 1
+            self.held_s += now - item.held_at
+            held = self._held[item.prefix]
+            held.remove(item)
+            if not held:
+                del self._held[item.prefix]
+            return True
         if item.state != QUEUED:
             return False
         item.state = WITHDRAWN
         self._dead += 1
-        if self._batching and item.batchable:
+        in_bheap = self._batching and item.batchable and not item.leading
+        if item.leading:
+            self._end_lead(item, warm=False, now=now)
+        if in_bheap:
             self._bqueued -= 1
             if self._bqueued == 0:
                 self._window_open = None
@@ -546,6 +683,10 @@ class BatchPolicyCore:
                 attained[sid] = service  # re-inserted last: the dict is kept in LRU order
                 if len(attained) > _LAS_MEMORY:
                     del attained[next(iter(attained))]
+        if item.leading:
+            self._end_lead(item, warm=outcome is Outcome.OK, now=now)
+        elif self._warming and item.prefix is not None and outcome is Outcome.OK:
+            self._touch(item.prefix, now)
         if outcome is Outcome.OK:
             if (
                 self.policy.adaptive
@@ -556,6 +697,26 @@ class BatchPolicyCore:
                 self._set_limit(min(self._base, self._limit + 1.0 / self._limit))
         elif outcome is Outcome.RATE_LIMITED or outcome is Outcome.OVERLOADED:
             self._decrease(now)
+
+    def on_first_token(self, item: PolicyItem, now: float) -> bool:
+        """The runner saw the first streamed token of a running item.
+
+        For a prefix leader this means the server has computed (and cached)
+        the shared prefix: the prefix becomes warm and the items held behind
+        it rejoin the queue in their priority order.
+
+        Args:
+            item: a running item.
+            now: the current time, seconds.
+
+        Returns:
+            True when held items were released (the runner should plan again).
+        """
+        if not item.leading:
+            return False
+        before = self._held_count
+        self._end_lead(item, warm=True, now=now)
+        return self._held_count < before
 
     def on_metrics(self, metrics: EngineMetrics, now: float) -> None:
         """Adapt the limit to what the engine reports about its own load.
@@ -587,6 +748,8 @@ class BatchPolicyCore:
         """Remove and return every queued item (the scheduler is closing or dead)."""
         items = [e[2] for e in self._heap if e[2].state == QUEUED]
         items += [e[2] for e in self._bheap if e[2].state == QUEUED]
+        for held in self._held.values():
+            items += held
         items.sort(key=_seq_of)
         for it in items:
             it.state = WITHDRAWN
@@ -594,7 +757,74 @@ class BatchPolicyCore:
         self._bheap.clear()
         self._queued = self._bqueued = self._dead = 0
         self._window_open = None
+        self._held.clear()
+        self._held_count = 0
+        self._leaders.clear()
         return items
+
+    # ---------------------------------------------------------- prefix warming
+
+    def _admit_prefix(self, item: PolicyItem, now: float) -> bool:
+        # May the item be queued now (True), or must it be held (False)?
+        key = item.prefix
+        leader = self._leaders.get(key)
+        if leader is item:
+            return True
+        if leader is not None:
+            item.leading = False
+            return False
+        warm = self._warm
+        t = warm.get(key)
+        if t is not None and now - t <= self._warm_ttl:
+            warm[key] = now
+            warm.move_to_end(key)
+            item.leading = False
+            return True
+        self._leaders[key] = item
+        item.leading = True
+        return True
+
+    def _touch(self, key: Hashable, now: float) -> None:
+        warm = self._warm
+        if key in warm:
+            warm[key] = now
+            warm.move_to_end(key)
+
+    def _end_lead(self, item: PolicyItem, *, warm: bool, now: float) -> None:
+        # The leader got its first token or finished (warm=True), or failed,
+        # was cancelled or withdrawn (warm=False). Keeps `item.leading` as it
+        # is (the heap routing of a queued leader depends on it) apart from
+        # unmarking a warmed leader, which has left the queue already.
+        key = item.prefix
+        if self._leaders.get(key) is not item:
+            return
+        del self._leaders[key]
+        if warm:
+            item.leading = False
+            w = self._warm
+            w[key] = now
+            w.move_to_end(key)
+            if len(w) > _WARM_MEMORY:
+                w.popitem(last=False)
+            held = self._held.pop(key, None)
+            if held:
+                self._held_count -= len(held)
+                for it in held:
+                    self.held_s += now - it.held_at
+                    self._push(it, now)
+            return
+        held = self._held.get(key)
+        if not held:
+            return
+        best = min(held, key=_entry_of)
+        held.remove(best)
+        if not held:
+            del self._held[key]
+        self._held_count -= 1
+        self.held_s += now - best.held_at
+        self._leaders[key] = best
+        best.leading = True
+        self._push(best, now)
 
     # -------------------------------------------------------------- internals
 
@@ -630,6 +860,8 @@ class BatchPolicyCore:
         item.dispatched_at = now
         item.queued_s += now - item.enqueued_at
         self._in_flight += 1
+        if item.leading:
+            self.warmups += 1
         sid = item.sibling_id
         if sid is not None:
             by = self._by_sibling
@@ -673,3 +905,9 @@ class BatchPolicyCore:
 
 def _seq_of(item: PolicyItem) -> int:
     return item.seq
+
+
+def _entry_of(item: PolicyItem) -> tuple[float, int]:
+    e = item.entry
+    assert e is not None
+    return (e[0], e[1])

@@ -17,6 +17,14 @@ Division of work (cheapest design that keeps cancellation exact):
   delivered chunks is never retried.
 - If the runner dies, every waiter and every later `submit` gets
   `SchedulerDeadError` carrying the cause.
+- Prefix warming (`BatchPolicy.prefix_warming`, on by default for SGLang
+  only): `submit` computes the request's prefix key (`_prefix.prefix_key`)
+  in the caller's task; the policy holds same-prefix requests behind a
+  leader. The leader's call reports its FIRST chunk to the policy, which
+  releases the held requests. A non-streaming leader is run as a stream
+  internally (`stream=True` on a copy of the request; the backend returns
+  the aggregated response, so its caller sees no difference), so that its
+  followers go at the leader's first token instead of its completion.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from langgraph_batch.errors import (
     SchedulerError,
 )
 from langgraph_batch.scheduler._policy import (
+    HELD,
     QUEUED,
     RUNNING,
     BatchPolicy,
@@ -57,6 +66,7 @@ from langgraph_batch.scheduler._policy import (
     Outcome,
     PolicyItem,
 )
+from langgraph_batch.scheduler._prefix import prefix_key
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
 __all__ = ("Scheduler", "SchedulerState")
@@ -142,8 +152,12 @@ class Scheduler:
         self.name = name if name is not None else f"scheduler-{next(_names)}"
         self._owns_backend = owns_backend
         caps = backend.capabilities
+        self._warming = self._policy.warms_prefixes(caps.flavor)
         self._core = BatchPolicyCore(
-            self._policy, batching=caps.batch_completions, has_metrics=caps.metrics
+            self._policy,
+            batching=caps.batch_completions,
+            has_metrics=caps.metrics,
+            warming=self._warming,
         )
         self._stats = StatsRecorder(window=self._policy.stats_window)
         self._state = SchedulerState.UNOPENED
@@ -178,6 +192,11 @@ class Scheduler:
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop the scheduler runs in (None before it starts or after it ends)."""
         return self._loop
+
+    @property
+    def prefix_warming(self) -> bool:
+        """Whether this scheduler warms shared prefixes (the policy resolved for the backend)."""
+        return self._warming
 
     @property
     def latest_metrics(self) -> EngineMetrics | None:
@@ -229,6 +248,9 @@ class Scheduler:
             latency_p50=lat[0],
             latency_p95=lat[1],
             latency_p99=lat[2],
+            warmups=core.warmups,
+            warm_held=core.held_total,
+            warm_held_s=core.held_s,
         )
 
     def __repr__(self) -> str:
@@ -403,6 +425,7 @@ class Scheduler:
             raise ValueError(f"timeout={timeout!r} must be > 0 seconds (or None)")
         if max_retries is None:
             max_retries = self._policy.max_retries
+        prefix = prefix_key(request) if self._warming else None
         if sibling is not None:
             item = PolicyItem(
                 turn=sibling.turn if turn is None else turn,
@@ -410,9 +433,12 @@ class Scheduler:
                 group=sibling.group,
                 batchable=request.batchable,
                 payload=request,
+                prefix=prefix,
             )
         else:
-            item = PolicyItem(turn=turn or 0, batchable=request.batchable, payload=request)
+            item = PolicyItem(
+                turn=turn or 0, batchable=request.batchable, payload=request, prefix=prefix
+            )
         if self._priority_to_engine and request.priority == 0:
             item.payload = request = replace(request, priority=self._engine_priority(item))
         try:
@@ -477,7 +503,7 @@ class Scheduler:
                     fut: asyncio.Future[ChatResponse | None] = loop.create_future()
                     item.future = fut
                     core.enqueue(item, now)
-                    if core.slots_free:
+                    if core.slots_free and core.ready:
                         self._kick()
                     try:
                         res = await fut
@@ -532,26 +558,62 @@ class Scheduler:
         cb: Callable[[ChatChunk], None] | None,
     ) -> ChatResponse:
         try:
-            resp = await self._backend.chat(request, on_chunk=cb)
+            if item.leading:
+                resp = await self._call_leader(item, request, cb)
+            else:
+                resp = await self._backend.chat(request, on_chunk=cb)
         except BaseException as exc:
             self._release(item, _outcome_of(exc))
             raise
         self._release(item, Outcome.OK)
         return resp
 
+    async def _call_leader(
+        self,
+        item: PolicyItem,
+        request: ChatRequest,
+        cb: Callable[[ChatChunk], None] | None,
+    ) -> ChatResponse:
+        # The prefix leader: the first streamed chunk means the server has run
+        # the prefill (and cached the prefix), so the held followers may go.
+        # A non-streaming leader is streamed internally; chat() returns the
+        # aggregated response either way. Its caller's on_chunk (if any) is
+        # not called, as for any non-streaming request.
+        user_cb = cb if request.stream else None
+        seen = False
+
+        def first(chunk: ChatChunk) -> None:
+            nonlocal seen
+            if not seen:
+                seen = True
+                if self._state is SchedulerState.OPENED and self._core.on_first_token(
+                    item, time.monotonic()
+                ):
+                    self._kick()
+            if user_cb is not None:
+                user_cb(chunk)
+
+        if not request.stream:
+            request = replace(request, stream=True)
+        return await self._backend.chat(request, on_chunk=first)
+
     def _release(self, item: PolicyItem, outcome: Outcome) -> None:
         if self._state is SchedulerState.DEAD or item.state != RUNNING:
             return
         core = self._core
         core.on_complete(item, outcome, time.monotonic())
-        if core.queued:
+        if core.ready:
             self._kick()
 
     def _abandon(self, item: PolicyItem) -> None:
         # The caller was cancelled while parked on its future.
-        if item.state == QUEUED:
-            item.queued_s += time.monotonic() - item.enqueued_at
-            self._core.withdraw(item)
+        if item.state == QUEUED or item.state == HELD:
+            now = time.monotonic()
+            item.queued_s += now - item.enqueued_at
+            core = self._core
+            core.withdraw(item, now)
+            if core.ready and core.slots_free:
+                self._kick()  # a withdrawn leader may have handed the lead on
         elif item.state == RUNNING and not item.in_batch:
             # Granted but never started: give the slot straight back.
             self._release(item, Outcome.CANCELLED)
@@ -685,6 +747,6 @@ class Scheduler:
                     if self._runner is not None:
                         self._runner.cancel()
                     return
-                if core.queued and core.slots_free:
+                if core.ready and core.slots_free:
                     self._kick()
             await asyncio.sleep(interval)

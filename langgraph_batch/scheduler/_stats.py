@@ -31,7 +31,7 @@ class SchedulerStats:
     """
 
     queued: int
-    """Requests waiting for a slot now."""
+    """Requests waiting for a slot now (those held behind a prefix warm-up included)."""
     in_flight: int
     """Requests on the wire now (a batch counts once per member)."""
     max_inflight: int
@@ -72,6 +72,12 @@ class SchedulerStats:
     """95th percentile of the total latency, seconds."""
     latency_p99: float
     """99th percentile of the total latency, seconds."""
+    warmups: int = 0
+    """Prefix warm-ups started: requests sent alone to warm a new shared prefix."""
+    warm_held: int = 0
+    """Requests held until a sibling warmed their shared prefix."""
+    warm_held_s: float = 0.0
+    """Seconds requests spent held behind prefix warm-ups, summed."""
 
 
 class StatsRecorder:
