@@ -51,7 +51,8 @@ def test_same_prefix_held_until_leader_first_token() -> None:
     for it in (lead, *rest):
         c.enqueue(it, 0.0)
     assert dispatched(c, 0.0) == [lead]
-    assert lead.leading and lead.state == RUNNING
+    assert lead.leading
+    assert lead.state == RUNNING
     assert [it.state for it in rest] == [HELD] * 3
     assert (c.queued, c.held, c.ready, c.in_flight) == (3, 3, 0, 1)
     assert dispatched(c, 0.5) == []  # nothing moves on the clock alone
@@ -100,10 +101,12 @@ def test_leader_failure_hands_the_lead_to_the_best_held_item() -> None:
     c.on_complete(lead, Outcome.ERROR, 1.0)
     # depth_first: turn 9 is the best held item; it warms alone.
     assert dispatched(c, 1.0) == [high]
-    assert high.leading and c.held == 2
+    assert high.leading
+    assert c.held == 2
     # The failed leader retries: it is held behind the new leader.
     c.enqueue(lead, 1.0)
-    assert lead.state == HELD and not lead.leading
+    assert lead.state == HELD
+    assert not lead.leading
     c.on_first_token(high, 2.0)
     assert dispatched(c, 2.0) == [lead, mid, low]  # priority order among the released
     assert c.warmups == 2
@@ -118,7 +121,8 @@ def test_leader_failure_with_no_followers_leaves_the_prefix_cold() -> None:
     assert not c.is_warm("P", 1.0)
     (nxt,) = its("P", 0)
     c.enqueue(nxt, 2.0)
-    assert dispatched(c, 2.0) == [nxt] and nxt.leading
+    assert dispatched(c, 2.0) == [nxt]
+    assert nxt.leading
 
 
 def test_cancelled_running_leader_releases_the_next() -> None:
@@ -129,7 +133,8 @@ def test_cancelled_running_leader_releases_the_next() -> None:
     dispatched(c, 0.0)
     c.on_complete(lead, Outcome.CANCELLED, 1.0)
     assert dispatched(c, 1.0) == [f1]
-    assert f1.leading and f2.state == HELD
+    assert f1.leading
+    assert f2.state == HELD
 
 
 def test_withdrawn_queued_leader_releases_the_next() -> None:
@@ -139,10 +144,13 @@ def test_withdrawn_queued_leader_releases_the_next() -> None:
     for it in (blocker, lead, f1, f2):
         c.enqueue(it, 0.0)
     assert dispatched(c, 0.0) == [blocker]  # the leader waits for a slot
-    assert lead.state == QUEUED and c.held == 2
+    assert lead.state == QUEUED
+    assert c.held == 2
     assert c.withdraw(lead, 1.0)
     assert lead.state == WITHDRAWN
-    assert f1.leading and f1.state == QUEUED and c.held == 1
+    assert f1.leading
+    assert f1.state == QUEUED
+    assert c.held == 1
     c.on_complete(blocker, Outcome.OK, 2.0)
     assert dispatched(c, 2.0) == [f1]
     assert c.warmups == 1  # the withdrawn leader never ran
@@ -164,17 +172,21 @@ def test_withdrawn_held_item_is_forgotten() -> None:
 def test_warm_prefix_goes_straight_through_until_ttl() -> None:
     c = core(max_inflight=8, warm_ttl_s=60.0)
     (lead,) = its("P", 0)
-    assert c.try_acquire(lead, 0.0) and lead.leading
+    assert c.try_acquire(lead, 0.0)
+    assert lead.leading
     c.on_first_token(lead, 0.1)
     c.on_complete(lead, Outcome.OK, 1.0)
     a, b = its("P", 0, 0)
-    assert c.try_acquire(a, 30.0) and not a.leading
+    assert c.try_acquire(a, 30.0)
+    assert not a.leading
     c.on_complete(a, Outcome.OK, 31.0)  # use refreshes the key
-    assert c.try_acquire(b, 90.0) and not b.leading
+    assert c.try_acquire(b, 90.0)
+    assert not b.leading
     c.on_complete(b, Outcome.OK, 91.0)
     # Idle for more than the TTL: warmed again, siblings held again.
     x, y = its("P", 0, 0)
-    assert c.try_acquire(x, 152.0) and x.leading
+    assert c.try_acquire(x, 152.0)
+    assert x.leading
     assert not c.try_acquire(y, 152.0)
     c.enqueue(y, 152.0)
     assert y.state == HELD
@@ -197,10 +209,12 @@ def test_batchable_followers_rejoin_the_batch_queue_and_leader_skips_it() -> Non
     for it in (lead, f1, f2):
         c.enqueue(it, 0.0)
     plan = c.plan(0.0)
-    assert plan.dispatch == [lead] and plan.batches == []  # the leader runs alone
+    assert plan.dispatch == [lead]
+    assert plan.batches == []
     c.on_first_token(lead, 0.5)
     plan = c.plan(0.5)
-    assert plan.batches == [] and plan.wake_at == pytest.approx(0.51)
+    assert plan.batches == []
+    assert plan.wake_at == pytest.approx(0.51)
     plan = c.plan(0.51)
     assert plan.batches == [[f1, f2]]
 
@@ -253,7 +267,8 @@ def req(*msgs: dict[str, object], model: str = "m", **params: object) -> ChatReq
 def test_prefix_key_shared_by_siblings_and_distinct_otherwise() -> None:
     a = prefix_key(req(SYS, {"role": "user", "content": "a"}, tools=TOOLS))
     b = prefix_key(req(SYS, {"role": "user", "content": "b"}, tools=TOOLS))
-    assert a is not None and a == b
+    assert a is not None
+    assert a == b
     # Same tools content in another list object: same key.
     copy = [dict(TOOLS[0])]
     assert prefix_key(req(SYS, {"role": "user", "content": "c"}, tools=copy)) == a
