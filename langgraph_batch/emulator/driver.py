@@ -1,20 +1,32 @@
 """Drive the engine against the wall clock, scaled by `time_scale`.
 
-One asyncio task runs the step loop: schedule a step, sleep until the step's
-end (engine time mapped to wall time), commit it. When the host cannot keep
-up, the engine does not stretch its own clock: engine timings stay what the
-GPU would take, and the driver measures how far behind schedule it runs
-(`lag_s`) and says so in `/metrics`, `/emulator/stats` and the log.
+The step loop runs in its own thread, as vLLM's EngineCore runs apart from
+its API server: schedule a step, sleep until the step's end (engine time
+mapped to wall time), commit it. The event loop (HTTP parsing, templating,
+tokenizing, SSE writing) only hands new requests and aborts over through a
+queue, which the engine drains at step boundaries, and receives each step's
+progress in one batch (`call_soon_threadsafe`). So a burst of arrivals
+delays their own admission, as a busy API server would, instead of
+stretching the steps of requests that already run.
+
+Lag is how late a step STARTS relative to its scheduled wall time (the end
+of the previous step, or the wake-up after idle, scaled by `time_scale`).
+The engine never stretches its own clock: engine timings stay what the GPU
+would take, and the driver reports the lag in `/metrics`
+(`emulator:lag_seconds`, `emulator:max_lag_seconds`), `/emulator/stats` and
+the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from langgraph_batch.emulator.engine import Engine, Request
 
@@ -23,6 +35,10 @@ __all__ = ("Histogram", "RealTimeDriver")
 logger = logging.getLogger(__name__)
 
 _LAG_WARN_S = 0.1
+_JITTER_S = 0.001
+"""Lateness below this is timer and thread-switch jitter, reported as 0."""
+
+_T = TypeVar("_T")
 
 
 class Histogram:
@@ -62,7 +78,11 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 
 class RealTimeDriver:
-    """Runs an engine in (scaled) real time inside the running event loop.
+    """Runs an engine in (scaled) real time in a thread beside the event loop.
+
+    Every engine mutation happens in that thread. The event loop calls
+    `submit`, `abort` and `call` (which only queue work); listeners of
+    requests run in the event loop.
 
     Args:
         engine: The engine to drive.
@@ -74,15 +94,26 @@ class RealTimeDriver:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.engine = engine
         self.time_scale = time_scale
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = threading.Event()
+        self._stopping = False
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._outbox: list[Request] = []
+        engine.notify = self._outbox.append
         self._anchor_wall = time.monotonic()
         self._vnow = 0.0
         self._next_free = 0.0
         self.lag_s = 0.0
-        """How late the last step ended, wall seconds (0 when on time)."""
+        """How late the last step started, wall seconds (0 when on time)."""
         self.max_lag_s = 0.0
         self.late_steps = 0
+        self.max_wake_late_s = 0.0
+        """Largest delay between a step's end and the engine thread running
+        again (the OS and the GIL; counts into lag)."""
+        self.max_work_s = 0.0
+        """Largest engine-thread time from a step's end to the next step's
+        start (commit, notifications, admission, scheduling)."""
         self._last_warn = 0.0
         self.dead: BaseException | None = None
         self.ttft = Histogram(TTFT_BUCKETS)
@@ -105,95 +136,160 @@ class RealTimeDriver:
         self.lag_s = 0.0
         self.max_lag_s = 0.0
         self.late_steps = 0
+        self.max_wake_late_s = 0.0
+        self.max_work_s = 0.0
 
     # -- lifecycle -----------------------------------------------------------
 
     def start(self) -> None:
-        """Start the step loop in the running event loop (idempotent)."""
-        if self._task is None:
+        """Start the engine thread; call from the event loop (idempotent)."""
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
             self._anchor_wall = time.monotonic()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="emulator-engine")
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="emulator-engine", daemon=True)
+            self._thread.start()
 
     async def aclose(self) -> None:
-        """Stop the step loop."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop the engine thread (it finishes the step in flight)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopping = True
+            self._wake.set()
+            await asyncio.to_thread(thread.join)
 
     @property
     def alive(self) -> bool:
         """False once the step loop died with an error."""
         return self.dead is None
 
-    # -- requests ------------------------------------------------------------
+    # -- requests (event loop side) -------------------------------------------
 
     def submit(self, req: Request) -> None:
-        """Queue a request arriving now."""
+        """Queue a request arriving now; the engine admits it at its next step."""
         if self.dead is not None:
             raise RuntimeError("the emulator engine died") from self.dead
         req.arrival = self.now()
-        self.engine.add_request(req)
-        self._wake.set()
+        self._post("add", req)
 
     def abort(self, req: Request) -> None:
-        """Withdraw a request."""
-        self.engine.abort(req)
-        self._last_token.pop(id(req), None)
-        self._wake.set()
+        """Withdraw a request (applied at the next step boundary)."""
+        self._post("abort", req)
 
-    # -- loop ----------------------------------------------------------------
+    async def call(self, fn: Callable[[], _T]) -> _T:
+        """Run `fn()` in the engine thread between two steps and return its result."""
+        if self._thread is None:
+            return fn()
+        fut: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        self._post("call", (fn, fut))
+        return await fut
 
-    async def _run(self) -> None:
+    def _post(self, kind: str, item: Any) -> None:
+        self._inbox.append((kind, item))
+        if self._thread is None:
+            self._drain()  # not started (no lifespan): apply at once
+            self._flush()
+        else:
+            self._wake.set()
+
+    # -- engine thread -----------------------------------------------------------
+
+    def _run(self) -> None:
         try:
-            await self._loop()
-        except asyncio.CancelledError:
-            raise
+            self._steps()
         except BaseException as exc:  # the server reports 503 from /health
             self.dead = exc
             logger.exception("emulator engine loop died")
-            raise
 
-    async def _loop(self) -> None:
+    def _drain(self) -> None:
+        inbox = self._inbox
+        engine = self.engine
+        while inbox:
+            kind, item = inbox.popleft()
+            if kind == "add":
+                if not engine.has_work():
+                    self._vnow = max(self._vnow, self._mapped())
+                item.arrival = min(item.arrival, self._vnow)
+                engine.add_request(item)
+            elif kind == "abort":
+                engine.abort(item)
+                self._last_token.pop(id(item), None)
+            else:
+                fn, fut = item
+                try:
+                    result = fn()
+                except Exception as exc:  # handed to the caller
+                    self._deliver_soon(_settle, fut, None, exc)
+                else:
+                    self._deliver_soon(_settle, fut, result, None)
+
+    def _deliver_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is None:
+            fn(*args)
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed under us: nobody is listening
+            self._stopping = True
+
+    def _flush(self) -> None:
+        if self._outbox:
+            batch = self._outbox[:]
+            self._outbox.clear()
+            self._deliver_soon(_deliver, batch)
+
+    def _idle(self) -> None:
+        self._flush()
+        self._wake.wait()
+        self._wake.clear()
+        # Idle time passes in engine time too: catch the clock up.
+        self._vnow = max(self._vnow, self._mapped())
+
+    def _steps(self) -> None:
         engine = self.engine
         scale = self.time_scale
-        while True:
+        woke: float | None = None
+        while not self._stopping:
+            self._drain()
             if not engine.has_work():
-                self._wake.clear()
-                await self._wake.wait()
-                # Idle time passes in engine time too: catch the clock up.
-                self._vnow = max(self._vnow, self._mapped())
                 self.lag_s = 0.0
+                self._idle()
+                woke = None
                 continue
+            started = time.monotonic()
             step = engine.schedule(self._vnow)
             if step is None:
                 # Work that cannot be scheduled now (waiting for memory that
                 # only an abort can free): wait for news.
-                self._wake.clear()
-                await self._wake.wait()
-                self._vnow = max(self._vnow, self._mapped())
+                self._idle()
+                woke = None
                 continue
+            if woke is not None:
+                work = time.monotonic() - woke
+                if work > self.max_work_s:
+                    self.max_work_s = work
+            self._track_lag(started - (self._anchor_wall + self._vnow / scale))
             end = self._vnow + step.duration
             self._next_free = end
             deadline = self._anchor_wall + end / scale
             delay = deadline - time.monotonic()
             if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)
-            late = time.monotonic() - deadline
+                time.sleep(delay)
+            woke = time.monotonic()
+            overshoot = woke - deadline
+            if overshoot > self.max_wake_late_s:
+                self.max_wake_late_s = overshoot
             self._vnow = end
             touched = engine.commit(step, end)
             self._record(touched, end)
-            self._track_lag(late)
+            self._flush()
 
     def _track_lag(self, late: float) -> None:
-        # Sleep overshoot of a millisecond or two is timer jitter, not lag.
-        self.lag_s = late if late > 0.002 else 0.0
+        self.lag_s = late if late > _JITTER_S else 0.0
         if self.lag_s > self.max_lag_s:
             self.max_lag_s = self.lag_s
-        if self.lag_s > 0.002:
+        if self.lag_s > 0.0:
             self.late_steps += 1
         if self.lag_s > _LAG_WARN_S:
             now = time.monotonic()
@@ -225,3 +321,19 @@ class RealTimeDriver:
                 self.e2e.observe(end - req.arrival)
             else:
                 last[key] = end
+
+
+def _deliver(batch: list[Request]) -> None:
+    for req in batch:
+        listener = req.listener
+        if listener is not None:
+            listener(req)
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)

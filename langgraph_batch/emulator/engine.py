@@ -244,6 +244,10 @@ class Engine:
         self.in_flight: ScheduledStep | None = None
         self.finished_log: deque[Request] = deque(maxlen=200_000)
         self.on_finish: Callable[[Request], None] | None = None
+        self.notify: Callable[[Request], None] = _call_listener
+        """Called for each request that made progress or was aborted; by default
+        it calls the request's `listener`. A driver running the engine in its own
+        thread replaces it to hand the news to the event loop in one batch."""
 
     # -- queue ---------------------------------------------------------------
 
@@ -504,10 +508,13 @@ class Engine:
             self._notify(req)
         return touched
 
-    @staticmethod
-    def _notify(req: Request) -> None:
-        if req.listener is not None:
-            req.listener(req)
+    def _notify(self, req: Request) -> None:
+        self.notify(req)
+
+
+def _call_listener(req: Request) -> None:
+    if req.listener is not None:
+        req.listener(req)
 
 
 def simulate(

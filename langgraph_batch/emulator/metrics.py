@@ -162,4 +162,6 @@ def stats_dict(server: EmulatorServer) -> dict[str, Any]:
         "lag_s": drv.lag_s,
         "max_lag_s": drv.max_lag_s,
         "late_steps": drv.late_steps,
+        "max_wake_late_s": drv.max_wake_late_s,
+        "max_work_s": drv.max_work_s,
     }

@@ -9,7 +9,11 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-__all__ = ("chat_chunk", "error_response", "sse", "usage_dict")
+__all__ = ("ChunkEncoder", "chat_chunk", "error_response", "sse", "usage_dict")
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+"""`json.dumps(x, separators=(",", ":"))` without building an encoder per call."""
+_encode_str = json.encoder.encode_basestring_ascii
 
 
 def error_response(
@@ -52,7 +56,7 @@ def usage_dict(
 
 def sse(payload: dict[str, Any] | str) -> bytes:
     """One server-sent event line pair."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    data = payload if isinstance(payload, str) else _dumps(payload)
     return f"data: {data}\n\n".encode()
 
 
@@ -89,3 +93,35 @@ def chat_chunk(
 def now_s() -> int:
     """`created` timestamp."""
     return int(time.time())
+
+
+class ChunkEncoder:
+    """The SSE frames of one chat stream's token chunks, pre-encoded.
+
+    The bytes equal `sse(chat_chunk(rid, model, created, delta))`: the parts
+    shared by every chunk of the stream are encoded once, so a token costs
+    one small JSON encode and a byte concatenation.
+
+    Args:
+        rid: The chunk `id` (`chatcmpl-...`).
+        model: The model name.
+        created: The `created` timestamp.
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, rid: str, model: str, created: int) -> None:
+        self._head = (
+            f'data: {{"id":{_encode_str(rid)},"object":"chat.completion.chunk",'
+            f'"created":{int(created)},"model":{_encode_str(model)},'
+            '"choices":[{"index":0,"delta":'
+        ).encode()
+        self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def delta(self, delta: dict[str, Any]) -> bytes:
+        """The frame of a chunk carrying `delta` (no finish reason)."""
+        return self._head + _dumps(delta).encode() + self._tail
+
+    def content(self, text: str) -> bytes:
+        """The frame of a `{"content": text}` delta."""
+        return b"".join((self._head, b'{"content":', _encode_str(text).encode(), b"}", self._tail))

@@ -75,10 +75,21 @@ class Plan:
     """The generated text split into tokens (for streaming)."""
 
 
+_encode_str = json.encoder.encode_basestring_ascii
+
+
 def _seed_for(*parts: object) -> int:
     h = hashlib.blake2b(digest_size=8)
     for p in parts:
-        h.update(json.dumps(p, sort_keys=True, default=str).encode())
+        # Same bytes as json.dumps(p) for the common str/int parts, without
+        # building a JSONEncoder per call.
+        if isinstance(p, str):
+            raw = _encode_str(p)
+        elif isinstance(p, int) and not isinstance(p, bool):
+            raw = str(p)
+        else:
+            raw = json.dumps(p, sort_keys=True, default=str)
+        h.update(raw.encode())
         h.update(b"\x00")
     return int.from_bytes(h.digest(), "big")
 

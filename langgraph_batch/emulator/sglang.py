@@ -38,9 +38,14 @@ def routes(server: EmulatorServer) -> list[Route]:
         return await _generate(server, request)
 
     async def flush_cache(request: HTTPRequest) -> Response:
-        if server.engine.has_work():
+        def flush() -> bool:
+            if server.engine.has_work():
+                return False
+            server.engine.reset_prefix_cache()
+            return True
+
+        if not await server.driver.call(flush):
             return Response("Cache not flushed: there are running or waiting requests.", 400)
-        server.engine.reset_prefix_cache()
         return Response("Cache flushed.", 200)
 
     async def server_info(request: HTTPRequest) -> Response:

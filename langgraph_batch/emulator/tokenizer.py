@@ -28,6 +28,7 @@ __all__ = (
     "render_chat",
     "split_pieces",
     "tokenize",
+    "tokenize_chat",
 )
 
 VOCAB_SIZE = 128_256
@@ -46,6 +47,13 @@ _PIECE_RE = re.compile(r"[ \t]*\w{1,4}|[ \t]*[^\w\s]|\n|[ \t]+|\s")
 _ID_CACHE: dict[str, int] = {}
 _PIECES: dict[int, str] = {v: k for k, v in _SPECIAL.items()}
 _CACHE_LIMIT = 500_000
+
+# Rendered turn -> its ids. Sibling agents send the same system prompt and
+# tool schemas in every request: tokenizing each distinct turn once takes
+# the bulk of the per-request tokenizer work off the server. Bounded LRU.
+_SEGMENT_IDS: dict[str, tuple[int, ...]] = {}
+_SEGMENT_LIMIT = 4096
+_SEGMENT_MIN_CHARS = 64
 
 
 def _piece_id(piece: str) -> int:
@@ -131,22 +139,13 @@ def render_tool_call(name: str, arguments: str) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
 
 
-def render_chat(
+def _render_segments(
     messages: Sequence[Mapping[str, Any]],
     *,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    add_generation_prompt: bool = True,
-) -> str:
-    """Render a conversation to the prompt text the engine tokenizes.
-
-    Args:
-        messages: OpenAI-format messages.
-        tools: OpenAI tool dicts; rendered inside the system turn.
-        add_generation_prompt: End with the assistant header.
-
-    Returns:
-        The prompt text, with `<|im_start|>`/`<|im_end|>` markers.
-    """
+    tools: Sequence[Mapping[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> list[str]:
+    """The prompt as one string per turn (each ends after `<|im_end|>` and a newline)."""
     out: list[str] = []
     msgs = list(messages)
     system = ""
@@ -177,4 +176,59 @@ def render_chat(
             out.append(f"{IM_START}{role}\n{text}{IM_END}\n")
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
-    return "".join(out)
+    return out
+
+
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render a conversation to the prompt text the engine tokenizes.
+
+    Args:
+        messages: OpenAI-format messages.
+        tools: OpenAI tool dicts; rendered inside the system turn.
+        add_generation_prompt: End with the assistant header.
+
+    Returns:
+        The prompt text, with `<|im_start|>`/`<|im_end|>` markers.
+    """
+    return "".join(
+        _render_segments(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    )
+
+
+def _segment_ids(segment: str) -> tuple[int, ...]:
+    if len(segment) < _SEGMENT_MIN_CHARS:
+        return tuple(tokenize(segment))
+    cache = _SEGMENT_IDS
+    ids = cache.pop(segment, None)
+    if ids is None:
+        ids = tuple(tokenize(segment))
+        if len(cache) >= _SEGMENT_LIMIT:
+            del cache[next(iter(cache))]
+    cache[segment] = ids  # most recently used last
+    return ids
+
+
+def tokenize_chat(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """`tokenize(render_chat(...))`, tokenizing each distinct turn only once.
+
+    Every turn starts with a special token and ends with a newline (always a
+    token of its own), so turn-by-turn tokenization equals whole-prompt
+    tokenization; repeated turns (a shared system prompt with tool schemas)
+    come from a bounded cache keyed by their text.
+    """
+    ids: list[int] = []
+    for segment in _render_segments(
+        messages, tools=tools, add_generation_prompt=add_generation_prompt
+    ):
+        ids.extend(_segment_ids(segment))
+    return ids
