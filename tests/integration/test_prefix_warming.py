@@ -4,10 +4,16 @@
 three tools, which the chat template renders into the system turn) and each
 adds a unique ~190-token user message. On the SGLang-flavoured emulator
 (RadixAttention: a prefix is inserted only after the prefill step that
-computed it ran) the burst lands in one prefill batch and every member of
-it computes the prefix again; with warming, one request computes it and the
-other 19 find it cached. On the vLLM flavour (same-step sharing) `auto`
-does not hold anything.
+computed it ran) a burst that lands in one prefill batch computes the
+prefix once per member; with warming, one request computes it and the other
+19 find it cached. On the vLLM flavour (same-step sharing) `auto` does not
+hold anything.
+
+The server is busy when the burst arrives, as a loaded server is: another
+client's long prompt (a "blocker", sent straight over HTTP, outside the
+scheduler) occupies the engine for one long prefill step, so the whole burst
+reaches the engine's next scheduling round together, independent of how fast
+this machine sends it. Its tokens are subtracted from the counters.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import httpx
 
 from langgraph_batch.backends import backend_from_url
 from langgraph_batch.backends.base import ChatRequest
+from langgraph_batch.emulator.tokenizer import count_tokens
 from langgraph_batch.scheduler import BatchPolicy, Scheduler, SchedulerStats
 
 N = 20
@@ -48,8 +55,15 @@ TOOLS = [
     }
     for k in range(3)
 ]
-# SGLang's chunked-prefill size on an H100 (`--chunked-prefill-size 16384`).
-EMULATOR = {"scenario": "echo", "output_tokens": 16, "max_batched_tokens": 16384}
+BLOCKER = " ".join(f"z{j:x}" for j in range(8500))
+# SGLang's chunked-prefill size on an H100 (`--chunked-prefill-size 16384`);
+# time scale 0.5: the blocker's ~0.45 s prefill step lasts ~0.9 s of wall time.
+EMULATOR = {
+    "scenario": "echo",
+    "output_tokens": 16,
+    "max_batched_tokens": 16384,
+    "time_scale": 0.5,
+}
 
 
 def _requests() -> list[ChatRequest]:
@@ -67,20 +81,47 @@ def _requests() -> list[ChatRequest]:
     ]
 
 
+async def _blocker(client: httpx.AsyncClient, url: str) -> int:
+    body = {
+        "model": "emulated-llama-3-8b",
+        "messages": [{"role": "user", "content": BLOCKER}],
+        "max_tokens": 1,
+    }
+    r = await client.post(f"{url}/v1/chat/completions", json=body)
+    r.raise_for_status()
+    tokens: int = r.json()["usage"]["prompt_tokens"]
+    return tokens
+
+
 async def _run(url: str, scheme: str, mode: str) -> tuple[dict[str, Any], SchedulerStats]:
-    async with httpx.AsyncClient() as client:
-        (await client.post(f"{url}/emulator/reset")).raise_for_status()
+    """The burst through a Scheduler; emulator counters without the blocker's tokens."""
     backend = backend_from_url(f"{scheme}://{url.removeprefix('http://')}")
     policy = BatchPolicy(max_inflight=64, prefix_warming=mode)  # type: ignore[arg-type]
-    async with Scheduler(backend, policy=policy, owns_backend=True) as s:
-        responses = await asyncio.gather(*(s.submit(r) for r in _requests()))
-        stats = s.stats()
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        (await client.post(f"{url}/emulator/reset")).raise_for_status()
+        blocker = asyncio.create_task(_blocker(client, url))
+        for _ in range(2500):  # until the blocker is in the engine (at most ~5 s)
+            if (await client.get(f"{url}/emulator/stats")).json()["requests"] >= 1:
+                break
+            await asyncio.sleep(0.002)
+        else:
+            raise AssertionError("the blocker request never reached the emulator's engine")
+        async with Scheduler(backend, policy=policy, owns_backend=True) as s:
+            responses = await asyncio.gather(*(s.submit(r) for r in _requests()))
+            stats = s.stats()
+        blocker_tokens = await blocker
+        counters = (await client.get(f"{url}/emulator/stats")).json()
     assert sorted(r.request_id for r in responses) == sorted(f"sib-{i}" for i in range(N))
     assert all(r.content for r in responses)
-    async with httpx.AsyncClient() as client:
-        counters = (await client.get(f"{url}/emulator/stats")).json()
-    assert counters["requests"] == N, counters
+    assert counters["requests"] == N + 1, counters
+    assert counters["preemptions"] == 0, counters
+    for k in ("prompt_tokens_received", "prefill_tokens_computed"):
+        counters[k] -= blocker_tokens
     return counters, stats
+
+
+def test_blocker_fits_one_prefill_step() -> None:
+    assert 12_000 < count_tokens(BLOCKER) < EMULATOR["max_batched_tokens"]
 
 
 async def test_sglang_warming_computes_the_shared_prefix_once(
