@@ -243,6 +243,8 @@ def run_workload(
                 )
             if trace:
                 entry["server_trace"] = trace
+            else:
+                entry.pop("events", None)  # the per-sibling timeline only with --trace
             results[name] = entry
             log(
                 f"{wl.id}: {name}: makespan {entry['makespan_s']:.2f} s (emulated), "

@@ -143,7 +143,7 @@ WORKLOADS: dict[str, Workload] = {
         tool_latency_s=0.8,
         distinct_keys=10,
         tool_concurrency=10,
-        time_scale=2.0,
+        time_scale=1.0,
     ),
     "W2": Workload(
         id="W2",
@@ -153,7 +153,7 @@ WORKLOADS: dict[str, Workload] = {
         tool_latency_s=0.4,
         distinct_keys=9,
         tool_concurrency=10,
-        time_scale=2.0,
+        time_scale=1.0,
     ),
     "W3": Workload(
         id="W3",
@@ -170,6 +170,9 @@ WORKLOADS: dict[str, Workload] = {
         tool_concurrency=64,
         tool_result_words=500,
         time_scale=10.0,
+        # batchagent is left out by default to keep `make bench` under 15 minutes
+        # on 2 cores; run it with --contenders naive,batchagent,...
+        contenders=("naive", "naive-bounded", "langgraph-batch", "ideal"),
     ),
     "W5": Workload(
         id="W5",

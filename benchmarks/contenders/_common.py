@@ -11,6 +11,7 @@ the emulator and the tool service, not here.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -140,6 +141,13 @@ def run_measured(
             rec.clear()
             out["baseline_emulator"] = await _get_json(job["llm_url"] + "/emulator/stats")
             out["baseline_tools"] = await _get_json(job["tool_url"] + "/stats")
+            profile_path = os.environ.get("BENCH_PROFILE")
+            profiler = None
+            if profile_path:  # diagnostics: cProfile of the measured run
+                import cProfile
+
+                profiler = cProfile.Profile()
+                profiler.enable()
             cpu0 = time.process_time()
             rec.t0 = time.monotonic()
             try:
@@ -148,6 +156,9 @@ def run_measured(
                 out["run_error"] = f"{type(exc).__name__}: {exc}"[:500]
             out["makespan_s"] = time.monotonic() - rec.t0
             out["client_cpu_s"] = time.process_time() - cpu0
+            if profiler is not None and profile_path:
+                profiler.disable()
+                profiler.dump_stats(f"{profile_path}.{job.get('contender', 'run')}")
         finally:
             if teardown is not None:
                 await teardown()
