@@ -113,7 +113,7 @@ async def _run(config: EmulatorConfig) -> None:
 
 
 _SWITCH_INTERVAL_S = 0.0005
-_GC_THRESHOLDS = (20_000, 50, 1000)
+_GC_THRESHOLDS = (20_000, 20, 100)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
