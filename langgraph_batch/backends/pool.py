@@ -55,7 +55,7 @@ from langgraph_batch.backends.base import (
 )
 from langgraph_batch.errors import BackendConnectionError, BackendError
 
-__all__ = ("EndpointPool", "Routing", "affinity_key")
+__all__ = ("EndpointPool", "Routing", "affinity_key", "prefix_key")
 
 logger = logging.getLogger(__name__)
 
@@ -74,23 +74,18 @@ def _content_text(message: Any) -> str:
     return json.dumps(content, sort_keys=True, default=str)
 
 
-def affinity_key(request: ChatRequest) -> str:
-    """The routing key of a request: its sibling, else its conversation prefix.
+def prefix_key(request: ChatRequest) -> str:
+    """A hash of the request's model, first system message and first user message.
 
-    Inside a fan_out sibling (`current_sibling()` is set) the key is the
-    sibling id, so all its turns share a replica. Otherwise it is a hash of
-    the first system message and the first user message, which every later
-    turn of the same conversation repeats.
+    Every later turn of a conversation repeats these, so the key names the
+    conversation (and the cached prefix) without any context variable.
 
     Args:
         request: the call to route.
 
     Returns:
-        A string key; equal keys route to the same replica.
+        `"prefix:<hex>"`.
     """
-    sibling = current_sibling()
-    if sibling is not None:
-        return f"sibling:{sibling.sibling_id}"
     system = user = ""
     for message in request.messages:
         role = message.get("role")
@@ -103,6 +98,25 @@ def affinity_key(request: ChatRequest) -> str:
         f"{request.model}\x00{system}\x00{user}".encode(), digest_size=12
     ).hexdigest()
     return f"prefix:{digest}"
+
+
+def affinity_key(request: ChatRequest) -> str:
+    """The routing key of a request: its sibling, else its conversation prefix.
+
+    Inside a fan_out sibling (`current_sibling()` is set) the key is the
+    sibling id, so all its turns share a replica. Otherwise it is
+    `prefix_key(request)`.
+
+    Args:
+        request: the call to route.
+
+    Returns:
+        A string key; equal keys route to the same replica.
+    """
+    sibling = current_sibling()
+    if sibling is not None:
+        return f"sibling:{sibling.sibling_id}"
+    return prefix_key(request)
 
 
 class _Replica:
@@ -250,8 +264,13 @@ class EndpointPool(Backend):
             url=self.base_url,
         )
 
-    def _pick(self, request: ChatRequest, exclude: set[int]) -> _Replica:
+    def _pick(self, request: ChatRequest, exclude: set[int], *, batched: bool = False) -> _Replica:
         """Choose the replica for `request`, skipping `exclude` and down replicas.
+
+        `batched` calls run in the scheduler's runner task, whose context
+        variables are not the caller's: they route by prefix only and leave
+        a prefix alias that the conversation's later per-sibling calls follow
+        (within the load bound), so both paths agree on the replica.
 
         Raises:
             BackendError: every replica is down or excluded.
@@ -264,18 +283,58 @@ class EndpointPool(Backend):
         if self.routing == "least_loaded":
             start = next(self._rr)
             return min(up, key=lambda r: (r.inflight, (r.index - start) % len(self._replicas)))
-        return self._pick_affinity(affinity_key(request), up)
+        prefix = prefix_key(request)
+        batch_alias = f"batch:{prefix}"
+        if batched:
+            # Turn-1 requests merged by the runner: follow an earlier call of the
+            # same conversation only within the load bound, and leave an alias
+            # for the conversation's later (per-sibling) turns.
+            return self._pick_affinity(
+                up, [(batch_alias, False), (prefix, False)], ring_key=prefix, record=[batch_alias]
+            )
+        sibling = current_sibling()
+        if sibling is None:
+            return self._pick_affinity(
+                up, [(prefix, True), (batch_alias, False)], ring_key=prefix, record=[prefix]
+            )
+        sib = f"sibling:{sibling.sibling_id}"
+        # Not the plain prefix key: siblings with the same opening messages
+        # would all follow the first one. A batch alias is handed to one sibling.
+        return self._pick_affinity(
+            up, [(sib, True), (batch_alias, False)], ring_key=sib, record=[sib], consume=True
+        )
 
-    def _pick_affinity(self, key: str, up: list[_Replica]) -> _Replica:
+    def _pick_affinity(
+        self,
+        up: list[_Replica],
+        lookup: list[tuple[str, bool]],
+        *,
+        ring_key: str,
+        record: list[str],
+        consume: bool = False,
+    ) -> _Replica:
+        """Consistent hashing with bounded loads, behind a remembered-key LRU.
+
+        Each `(key, sticky)` of `lookup` that is remembered (and whose replica
+        is up) wins: whatever its load when `sticky`, else only within the
+        load bound. Otherwise walk the ring from `ring_key`. The choice is
+        remembered under every key of `record`; with `consume`, a followed
+        non-sticky key is forgotten.
+        """
         up_ids = {r.index for r in up}
-        remembered = self._affinity.get(key)
-        if remembered is not None and remembered in up_ids:
-            self._affinity.move_to_end(key)
-            return self._replicas[remembered]
         total = sum(r.inflight for r in up) + 1
         capacity = math.ceil(self.load_factor * total / len(up))
+        for key, sticky in lookup:
+            remembered = self._affinity.get(key)
+            if remembered is None or remembered not in up_ids:
+                continue
+            if sticky or self._replicas[remembered].inflight + 1 <= capacity:
+                if consume and not sticky:
+                    del self._affinity[key]
+                self._remember(record, remembered)
+                return self._replicas[remembered]
         n_points = len(self._ring_hashes)
-        start = bisect.bisect_left(self._ring_hashes, _hash64(key))
+        start = bisect.bisect_left(self._ring_hashes, _hash64(ring_key))
         chosen: _Replica | None = None
         seen: set[int] = set()
         for step in range(n_points):
@@ -290,11 +349,15 @@ class EndpointPool(Backend):
                 break
         if chosen is None:  # unreachable with load_factor >= 1; keep a safe answer
             chosen = min(up, key=lambda r: r.inflight)
-        self._affinity[key] = chosen.index
-        self._affinity.move_to_end(key)
+        self._remember(record, chosen.index)
+        return chosen
+
+    def _remember(self, keys: list[str], index: int) -> None:
+        for key in keys:
+            self._affinity[key] = index
+            self._affinity.move_to_end(key)
         while len(self._affinity) > self.max_affinity_keys:
             self._affinity.popitem(last=False)
-        return chosen
 
     def _mark_down(self, replica: _Replica, error: BackendConnectionError) -> None:
         replica.failures += 1
@@ -380,7 +443,7 @@ class EndpointPool(Backend):
                 except BackendConnectionError as exc:
                     self._mark_down(replica, exc)
                     tried = tried | {replica.index}
-                    replica = self._pick(part[0], tried)
+                    replica = self._pick(part[0], tried, batched=True)
                     continue
                 finally:
                     replica.inflight -= len(part)
@@ -397,7 +460,12 @@ class EndpointPool(Backend):
 
         groups: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
-            groups.setdefault(self._pick(request, set()).index, []).append(i)
+            replica = self._pick(request, set(), batched=True)
+            # Count it now so the load bound spreads the rest of the batch.
+            replica.inflight += 1
+            groups.setdefault(replica.index, []).append(i)
+        for index, indices in groups.items():
+            self._replicas[index].inflight -= len(indices)
         try:
             async with asyncio.TaskGroup() as tg:
                 for index, indices in groups.items():

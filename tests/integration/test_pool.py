@@ -78,11 +78,14 @@ def replicas(start_emulator: Callable[..., str]) -> list[str]:
 async def test_affinity_prefills_far_fewer_tokens_than_round_robin(replicas: list[str]) -> None:
     affinity = await _run(replicas, "affinity")
     round_robin = await _run(replicas, "round_robin")
-    assert affinity["requests"] == round_robin["requests"] == SIBLINGS * TURNS
-    assert affinity["replicas_used"] == round_robin["replicas_used"] == REPLICAS
+    report = (affinity, round_robin)
+    assert affinity["requests"] == round_robin["requests"] == SIBLINGS * TURNS, report
+    assert affinity["replicas_used"] == round_robin["replicas_used"] == REPLICAS, report
     # Affinity: each context is prefilled once (turn 1), later turns only add a few tokens.
-    assert affinity["prefill"] < 0.6 * round_robin["prefill"], (affinity, round_robin)
-    assert affinity["cached"] > 2 * round_robin["cached"], (affinity, round_robin)
+    # Round robin hits a sibling's own replica on about 1 turn in 3 -> ratio ~0.45.
+    assert affinity["prefill"] < 0.65 * round_robin["prefill"], report
+    assert affinity["prefill"] < 1.2 * SIBLINGS * 1600, report  # ~ one prefill per context
+    assert affinity["cached"] > 1.5 * round_robin["cached"], report
 
 
 async def test_host_list_url_and_failover(replicas: list[str]) -> None:
