@@ -13,6 +13,9 @@ the first one clockwise on a hash ring whose in-flight count stays within
 `ceil(load_factor * average)`; a hot replica overflows to the next one on the
 ring. The chosen replica is remembered per key in a bounded LRU, so later
 turns stick to it even when the walk moved the key off its ring position.
+Calls the scheduler's runner merges into one `complete_batch` (turn-1,
+tool-free prompts) run outside the sibling's context: they route by prefix
+and leave an alias that the sibling's later turns follow.
 
 A replica that fails with `BackendConnectionError` is marked down for a
 cooldown (doubling per consecutive failure) and the call moves to another
@@ -122,7 +125,7 @@ def affinity_key(request: ChatRequest) -> str:
 class _Replica:
     """Bookkeeping for one member backend."""
 
-    __slots__ = ("backend", "down_until", "failures", "index", "inflight", "last_error")
+    __slots__ = ("backend", "down_until", "failures", "index", "inflight")
 
     def __init__(self, index: int, backend: Backend) -> None:
         self.index = index
@@ -130,7 +133,6 @@ class _Replica:
         self.inflight = 0
         self.failures = 0
         self.down_until = 0.0
-        self.last_error: BackendConnectionError | None = None
 
 
 class EndpointPool(Backend):
@@ -364,7 +366,6 @@ class EndpointPool(Backend):
         cooldown = min(self.cooldown_s * 2 ** (replica.failures - 1), self.max_cooldown_s)
         now = self._clock()
         replica.down_until = now + cooldown
-        replica.last_error = error
         self._last_error = error
         logger.warning(
             "pool replica %s unreachable; skipping it for %.1f s",
@@ -377,7 +378,6 @@ class EndpointPool(Backend):
         if replica.failures:
             logger.info("pool replica %s is back", replica.backend.base_url)
         replica.failures = 0
-        replica.last_error = None
 
     # ------------------------------------------------------------ Backend API
 
