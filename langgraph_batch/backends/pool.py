@@ -271,8 +271,8 @@ class EndpointPool(Backend):
 
         `batched` calls run in the scheduler's runner task, whose context
         variables are not the caller's: they route by prefix only and leave
-        a prefix alias that the conversation's later per-sibling calls follow
-        (within the load bound), so both paths agree on the replica.
+        a prefix alias that the conversation's later per-sibling calls follow,
+        so both paths agree on the replica.
 
         Raises:
             BackendError: every replica is down or excluded.
@@ -297,13 +297,14 @@ class EndpointPool(Backend):
         sibling = current_sibling()
         if sibling is None:
             return self._pick_affinity(
-                up, [(prefix, True), (batch_alias, False)], ring_key=prefix, record=[prefix]
+                up, [(prefix, True), (batch_alias, True)], ring_key=prefix, record=[prefix]
             )
         sib = f"sibling:{sibling.sibling_id}"
         # Not the plain prefix key: siblings with the same opening messages
-        # would all follow the first one. A batch alias is handed to one sibling.
+        # would all follow the first one. A batch alias is handed to one
+        # sibling only (consumed), so it may stick whatever the load.
         return self._pick_affinity(
-            up, [(sib, True), (batch_alias, False)], ring_key=sib, record=[sib], consume=True
+            up, [(sib, True), (batch_alias, True)], ring_key=sib, record=[sib], consume=True
         )
 
     def _pick_affinity(
@@ -321,7 +322,7 @@ class EndpointPool(Backend):
         is up) wins: whatever its load when `sticky`, else only within the
         load bound. Otherwise walk the ring from `ring_key`. The choice is
         remembered under every key of `record`; with `consume`, a followed
-        non-sticky key is forgotten.
+        key outside `record` is forgotten.
         """
         up_ids = {r.index for r in up}
         total = sum(r.inflight for r in up) + 1
@@ -331,7 +332,7 @@ class EndpointPool(Backend):
             if remembered is None or remembered not in up_ids:
                 continue
             if sticky or self._replicas[remembered].inflight + 1 <= capacity:
-                if consume and not sticky:
+                if consume and key not in record:
                     del self._affinity[key]
                 self._remember(record, remembered)
                 return self._replicas[remembered]
