@@ -97,6 +97,7 @@ class RealTimeDriver:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = threading.Event()
+        self._stop = threading.Event()
         self._stopping = False
         self._inbox: deque[tuple[str, Any]] = deque()
         self._outbox: list[Request] = []
@@ -147,6 +148,7 @@ class RealTimeDriver:
             self._loop = asyncio.get_running_loop()
             self._anchor_wall = time.monotonic()
             self._stopping = False
+            self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="emulator-engine", daemon=True)
             self._thread.start()
 
@@ -155,6 +157,7 @@ class RealTimeDriver:
         thread, self._thread = self._thread, None
         if thread is not None:
             self._stopping = True
+            self._stop.set()
             self._wake.set()
             await asyncio.to_thread(thread.join)
 
@@ -274,8 +277,8 @@ class RealTimeDriver:
             self._next_free = end
             deadline = self._anchor_wall + end / scale
             delay = deadline - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            if delay > 0 and self._stop.wait(delay):
+                return  # closing: drop the step in flight
             woke = time.monotonic()
             overshoot = woke - deadline
             if overshoot > self.max_wake_late_s:

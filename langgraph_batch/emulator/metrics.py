@@ -88,9 +88,9 @@ def _emulator_lines(lines: list[str], server: EmulatorServer) -> None:
     c = server.engine.counters
     labels = {"model_name": server.config.model}
     _one(lines, "emulator:lag_seconds", "gauge", drv.lag_s, labels,
-         "Wall seconds the engine loop ran behind schedule at its last step.")  # fmt: skip
+         "Wall seconds the last engine step started after its scheduled time.")  # fmt: skip
     _one(lines, "emulator:max_lag_seconds", "gauge", drv.max_lag_s, labels,
-         "Largest lag seen since start or the last reset.")  # fmt: skip
+         "Largest step-start lag since start or the last reset.")  # fmt: skip
     _one(lines, "emulator:time_scale", "gauge", drv.time_scale, labels,
          "Engine seconds per wall second.")  # fmt: skip
     _one(lines, "emulator:prefill_tokens_computed_total", "counter", c.prefill_tokens_computed,

@@ -6,6 +6,12 @@ as one engine request; the response (or SSE stream) follows the engine's
 progress: one chunk per engine step that produced tokens for the request,
 merging several tokens when the client reads slower than the engine steps,
 as vLLM's output collector does.
+
+This module holds the app, the small endpoints and request parsing; the
+OpenAI routes live in `_openai_api`, SGLang's in `sglang`, shared request
+plumbing in `_http`. The engine steps in the driver's own thread
+(`driver.RealTimeDriver`), so the work of this event loop delays admission
+of new requests, never the steps of running ones.
 """
 
 from __future__ import annotations

@@ -9,11 +9,16 @@ scheduled wall time (`emulator:max_lag_seconds`).
 No lag means: every step started less than one decode step late, the decode
 step of the burst's running batch (1,000 sequences of ~280 tokens: ~64 ms of
 engine time on the h100 profile), i.e. `max_lag_s * TIME_SCALE < 64 ms`.
-Figure, on the 2-core host shared with other jobs: TIME_SCALE = 1 is the
-largest scale where that held in every run (max lag 6-52 ms wall); at scale 2
-the lag reached 31-78 ms of engine time, at scale 5 up to 0.7 s. The floor is
-the host, not the emulator: a bare `time.sleep(0.005)` loop in a separate
-process overshoots by up to ~40 ms (p99 ~10 ms) during the burst.
+Figures, on the 2-core host shared with other jobs (load average 3-5):
+at scale 1 the max lag was 6-52 ms wall in 12 of 14 runs and 66-97 ms in two
+(host load > 4); at scale 2 it reached 31-106 ms of engine time, at scale 5
+up to 0.7 s. The floor is the host, not the emulator: a bare
+`time.sleep(0.005)` loop in a separate process overshoots by up to ~40 ms
+(p99 ~10 ms) during the burst, and the engine thread must also win the GIL
+back from the busy event loop. At scale 0.5 (tolerance 128 ms wall) the lag
+was 6-15 ms, but 130 ms once at load average 4.7. So the test asserts at
+TIME_SCALE = 0.25 (tolerance 257 ms wall), which holds with margin even then;
+scale 1 holds on a quiet host.
 
 The client speaks HTTP/1.1 over raw asyncio streams in its own (non-debug)
 event loop: an httpx client for 1,000 streams costs several times the
@@ -38,8 +43,8 @@ import pytest
 from langgraph_batch.emulator.costs import StepShape, get_profile
 
 N = 1000
-TIME_SCALE = 1.0
-"""The largest scale at which the burst ran with max lag under the tolerance."""
+TIME_SCALE = 0.25
+"""The largest scale at which the burst reliably ran with max lag under the tolerance."""
 OUTPUT_TOKENS = 8
 PROMPT_TOKENS = 280
 """About the prompt length of each request (shared system prompt + task)."""
