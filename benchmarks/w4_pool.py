@@ -104,7 +104,9 @@ def build_agent(llm: Any) -> Any:
     return g.compile()
 
 
-async def run_lgb(urls: list[str], routing: str, n: int, words: int, max_tokens: int) -> None:
+async def run_lgb(
+    urls: list[str], routing: str, n: int, words: int, max_tokens: int, max_inflight: int | None
+) -> None:
     """fan_out + BatchedChatModel over an EndpointPool with `routing`."""
     from langgraph.graph import END, START, StateGraph
 
@@ -114,7 +116,10 @@ async def run_lgb(urls: list[str], routing: str, n: int, words: int, max_tokens:
 
     hosts = ",".join(u.split("://", 1)[1] for u in urls)
     pool = backend_from_url(f"vllm://{hosts}", routing=routing, timeout=600.0)
-    llm = BatchedChatModel(model=MODEL, backend=pool, temperature=0.0, max_tokens=max_tokens)
+    options: dict[str, Any] = {} if max_inflight is None else {"max_inflight": max_inflight}
+    llm = BatchedChatModel(
+        model=MODEL, backend=pool, temperature=0.0, max_tokens=max_tokens, **options
+    )
 
     g = StateGraph(FanOutParent)
     g.add_node(
@@ -203,7 +208,7 @@ async def bench(urls: list[str], args: argparse.Namespace) -> dict[str, Any]:
                 await run_naive(urls, args.n, args.words, args.max_tokens)
             else:
                 routing = "affinity" if name == "lgb-affinity" else "round_robin"
-                await run_lgb(urls, routing, args.n, args.words, args.max_tokens)
+                await run_lgb(urls, routing, args.n, args.words, args.max_tokens, args.max_inflight)
             makespan = time.monotonic() - t0
             results[name] = {"makespan_s": round(makespan, 3), **await server_stats(client, urls)}
             log(f"{name}: {json.dumps(results[name])}")
@@ -220,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=20.0, help="emulator speed-up")
     p.add_argument("--profile", default="h100-llama3-8b")
     p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity per replica")
+    p.add_argument(
+        "--max-inflight", type=int, default=None, help="BatchedChatModel max_inflight (default)"
+    )
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--out", type=Path, default=Path("bench-results/W4.json"))
     args = p.parse_args(argv)
