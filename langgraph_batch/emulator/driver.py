@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from langgraph_batch.emulator.engine import Engine, Request
+from langgraph_batch.emulator.engine import Engine, Request, RequestStatus
 
 __all__ = ("Histogram", "RealTimeDriver")
 
@@ -216,7 +216,6 @@ class RealTimeDriver:
                 engine.add_request(item)
             elif kind == "abort":
                 engine.abort(item)
-                self._last_token.pop(id(item), None)
             else:
                 fn, fut = item
                 try:
@@ -236,11 +235,26 @@ class RealTimeDriver:
         except RuntimeError:  # the loop closed under us: nobody is listening
             self._stopping = True
 
-    def _flush(self) -> None:
-        if self._outbox:
+    def _flush(self, tokens: list[tuple[Request, bool]] | None = None, end: float = 0.0) -> None:
+        if self._outbox or tokens:
             batch = self._outbox[:]
             self._outbox.clear()
-            self._deliver_soon(_deliver, batch)
+            self._deliver_soon(self._apply, batch, tokens, end)
+
+    def _apply(
+        self, batch: list[Request], tokens: list[tuple[Request, bool]] | None, end: float
+    ) -> None:
+        # Event loop side, as vLLM's output processor runs in its API server:
+        # latency histograms first, then the listeners.
+        if tokens:
+            self._record(tokens, end)
+        last = self._last_token
+        for req in batch:
+            if req.status is RequestStatus.ABORTED:
+                last.pop(id(req), None)
+            listener = req.listener
+            if listener is not None:
+                listener(req)
 
     def _idle(self) -> None:
         self._flush()
@@ -285,8 +299,7 @@ class RealTimeDriver:
                 self.max_wake_late_s = overshoot
             self._vnow = end
             touched = engine.commit(step, end)
-            self._record(touched, end)
-            self._flush()
+            self._flush([(r, r.finished) for r in touched], end)
 
     def _track_lag(self, late: float) -> None:
         self.lag_s = late if late > _JITTER_S else 0.0
@@ -307,9 +320,10 @@ class RealTimeDriver:
                     extra={"lag_s": self.lag_s, "time_scale": self.time_scale},
                 )
 
-    def _record(self, touched: list[Request], end: float) -> None:
+    def _record(self, tokens: list[tuple[Request, bool]], end: float) -> None:
+        """Histograms for the requests that got a token at `end` (finished then or not)."""
         last = self._last_token
-        for req in touched:
+        for req, finished in tokens:
             key = id(req)
             prev = last.get(key)
             if prev is None:
@@ -319,18 +333,11 @@ class RealTimeDriver:
                         self.queue.observe(req.first_scheduled - req.arrival)
             else:
                 self.itl.observe(end - prev)
-            if req.finished:
+            if finished:
                 last.pop(key, None)
                 self.e2e.observe(end - req.arrival)
             else:
                 last[key] = end
-
-
-def _deliver(batch: list[Request]) -> None:
-    for req in batch:
-        listener = req.listener
-        if listener is not None:
-            listener(req)
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

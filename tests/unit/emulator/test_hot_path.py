@@ -117,6 +117,11 @@ async def test_driver_runs_the_engine_in_its_own_thread() -> None:
         assert all(r.status is RequestStatus.FINISHED and r.num_output == 5 for r in reqs)
         assert all(r.arrival <= (r.first_scheduled or 0.0) for r in reqs)
         assert driver.max_lag_s >= driver.lag_s >= 0.0
+        # Latency histograms are recorded on the event loop side, once per token.
+        assert driver.ttft.count == 20
+        assert driver.e2e.count == 20
+        assert driver.itl.count == 20 * 4
+        assert driver._last_token == {}
         # `call` runs between steps in the engine thread.
         name = await driver.call(lambda: threading.current_thread().name)
         assert name == "emulator-engine"
@@ -144,6 +149,7 @@ async def test_driver_abort_is_applied_at_a_step_boundary() -> None:
         driver.abort(long)
         produced = await asyncio.wait_for(aborted, 5)
         assert 0 <= produced < 10_000
+        assert driver._last_token == {}
         assert (await driver.call(lambda: (engine.num_running, engine.counters.aborted))) == (
             0,
             1,
