@@ -10,8 +10,8 @@ No lag means: every step started less than one decode step late, the decode
 step of the burst's running batch (1,000 sequences of ~280 tokens: ~64 ms of
 engine time on the h100 profile), i.e. `max_lag_s * TIME_SCALE < 64 ms`.
 Figures, on the 2-core host shared with other jobs (load average 3-5):
-at scale 1 the max lag was 6-52 ms wall in 12 of 14 runs and 66-97 ms in two
-(host load > 4); at scale 2 it reached 31-106 ms of engine time, at scale 5
+at scale 1 the max lag was 6-52 ms wall in 13 of 17 runs and 66-321 ms in
+four (bursts of host load); at scale 2 it reached 31-106 ms of engine time, at scale 5
 up to 0.7 s. The floor is the host, not the emulator: a bare
 `time.sleep(0.005)` loop in a separate process overshoots by up to ~40 ms
 (p99 ~10 ms) during the burst, and the engine thread must also win the GIL
