@@ -117,7 +117,7 @@ async def run_lgb(
     hosts = ",".join(u.split("://", 1)[1] for u in urls)
     pool = backend_from_url(f"vllm://{hosts}", routing=routing, timeout=600.0)
     options: dict[str, Any] = {} if max_inflight is None else {"max_inflight": max_inflight}
-    llm = BatchedChatModel(
+    llm = BatchedChatModel(  # type: ignore[call-arg]  # pydantic fields, seen by mypy as aliases
         model=MODEL, backend=pool, temperature=0.0, max_tokens=max_tokens, **options
     )
 
@@ -170,7 +170,7 @@ async def run_naive(urls: list[str], n: int, words: int, max_tokens: int) -> Non
 
     agent = build_agent(RunnableLambda(balanced))
 
-    async def run_one(state: dict[str, Any]) -> dict[str, Any]:
+    async def run_one(state: Any) -> dict[str, Any]:
         out = await agent.ainvoke({"messages": first_messages(state["index"], words)})
         return {"results": [out.get("answer")]}
 
