@@ -52,14 +52,8 @@ from langgraph_batch._structured import (
     structured_output,
     to_response_format,
 )
-from langgraph_batch.backends import (
-    OpenAICompatibleBackend,
-    SGLangBackend,
-    VLLMBackend,
-    backend_from_url,
-)
+from langgraph_batch.backends import backend_from_url, backend_key
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
-from langgraph_batch.backends.openai_compat import normalize_base_url
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import scheduler_for
 
@@ -67,19 +61,6 @@ __all__ = ("BatchedChatModel",)
 
 logger = logging.getLogger(__name__)
 
-# URL scheme -> (backend class, http scheme); mirrors `backend_from_url` so the
-# scheduler key equals the key of the backend it builds.
-_SCHEMES: dict[str, tuple[type[Backend], str]] = {
-    "http": (OpenAICompatibleBackend, "http"),
-    "https": (OpenAICompatibleBackend, "https"),
-    "openai": (OpenAICompatibleBackend, "https"),
-    "vllm": (VLLMBackend, "http"),
-    "vllm+http": (VLLMBackend, "http"),
-    "vllm+https": (VLLMBackend, "https"),
-    "sglang": (SGLangBackend, "http"),
-    "sglang+http": (SGLangBackend, "http"),
-    "sglang+https": (SGLangBackend, "https"),
-}
 _DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 # Call kwargs that are LangChain bookkeeping, never body fields.
@@ -88,25 +69,6 @@ _NOT_ON_WIRE = frozenset({"ls_structured_output_format", "structured_output_form
 _OMIT_IF_NONE = frozenset({"tool_choice", "parallel_tool_calls", "response_format", "tools"})
 
 _END = object()
-
-
-def _backend_key(url: str) -> str:
-    """The `Backend.key` that `backend_from_url(url)` would have.
-
-    Raises:
-        ValueError: If `url` is not a server URL (names the value).
-    """
-    scheme, sep, rest = url.partition("://")
-    rest = rest.strip().rstrip("/")
-    entry = _SCHEMES.get(scheme.lower())
-    if not sep or entry is None or not rest or rest.startswith("/"):
-        msg = (
-            f"base_url={url!r} is not a server URL; use http(s)://host:port[/v1], "
-            "vllm://host:port, sglang://host:port or openai://host."
-        )
-        raise ValueError(msg)
-    cls, http_scheme = entry
-    return f"{cls.__name__}:{normalize_base_url(f'{http_scheme}://{rest}')}"
 
 
 class BatchedChatModel(BaseChatModel):
@@ -185,7 +147,7 @@ class BatchedChatModel(BaseChatModel):
     @field_validator("base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
-        _backend_key(value)
+        backend_key(value)  # raises ValueError naming a bad URL
         return value
 
     @field_validator("timeout", "total_timeout")
@@ -438,7 +400,7 @@ class BatchedChatModel(BaseChatModel):
             return self.scheduler
         if self.backend is not None:
             return self.backend.key
-        return _backend_key(self.base_url)
+        return backend_key(self.base_url)
 
     def get_scheduler(self) -> Scheduler:
         """The `Scheduler` for the running event loop (created on first use).

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from langgraph_batch.backends._factory import backend_from_url
+from langgraph_batch.backends._factory import backend_from_url, backend_key
 from langgraph_batch.backends._http import make_request_id
 from langgraph_batch.backends.base import (
     Backend,
@@ -48,5 +48,6 @@ __all__ = (
     "Usage",
     "VLLMBackend",
     "backend_from_url",
+    "backend_key",
     "make_request_id",
 )

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from langgraph_batch.backends.base import Backend
-from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
+from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend, normalize_base_url
 from langgraph_batch.backends.pool import EndpointPool
 from langgraph_batch.backends.sglang import SGLangBackend
 from langgraph_batch.backends.vllm import VLLMBackend
 
-__all__ = ("backend_from_url",)
+__all__ = ("backend_from_url", "backend_key")
 
 _ACCEPTED = (
     "http://host:port[/v1] or https://host[/v1] (any OpenAI-compatible server), "
@@ -70,6 +70,39 @@ def backend_from_url(
         ValueError: the URL has no host (or an empty entry in a host list) or an
             unknown scheme.
     """
+    cls, http_scheme, hosts = _parse(url)
+    pool_options = {k: options.pop(k) for k in _POOL_OPTIONS & options.keys()}
+    if len(hosts) == 1:
+        return cls(f"{http_scheme}://{hosts[0]}", api_key=api_key, timeout=timeout, **options)
+    members = [
+        cls(f"{http_scheme}://{h}", api_key=api_key, timeout=timeout, **options) for h in hosts
+    ]
+    return EndpointPool(members, **pool_options)
+
+
+def backend_key(url: str, *, routing: str = "affinity") -> str:
+    """The `Backend.key` that `backend_from_url(url)` would have, without building it.
+
+    Schedulers are shared by backend key; this lets a chat model find its
+    scheduler without opening an HTTP client.
+
+    Example:
+        ```python
+        backend_key("vllm://127.0.0.1:8000/v1")  # "VLLMBackend:http://127.0.0.1:8000"
+        ```
+
+    Raises:
+        ValueError: the URL is not one `backend_from_url` accepts (names it).
+    """
+    cls, http_scheme, hosts = _parse(url)
+    keys = [f"{cls.__name__}:{normalize_base_url(f'{http_scheme}://{h}')}" for h in hosts]
+    if len(keys) == 1:
+        return keys[0]
+    return f"EndpointPool({routing}):{','.join(sorted(keys))}"
+
+
+def _parse(url: str) -> tuple[type[OpenAICompatibleBackend], str, list[str]]:
+    """Split a backend URL into (backend class, http scheme, hosts)."""
     if not isinstance(url, str) or "://" not in url:
         raise ValueError(f"backend URL {url!r} has no scheme; use one of: {_ACCEPTED}")
     scheme, _, rest = url.partition("://")
@@ -80,15 +113,9 @@ def backend_from_url(
     if not rest or rest.startswith("/"):
         raise ValueError(f"backend URL {url!r} has no host; use one of: {_ACCEPTED}")
     cls, http_scheme = entry
-    pool_options = {k: options.pop(k) for k in _POOL_OPTIONS & options.keys()}
     hosts = [h.strip().rstrip("/") for h in rest.split(",")]
-    if len(hosts) == 1:
-        return cls(f"{http_scheme}://{rest}", api_key=api_key, timeout=timeout, **options)
-    if any(not h or h.startswith("/") for h in hosts):
+    if len(hosts) > 1 and any(not h or h.startswith("/") for h in hosts):
         raise ValueError(
             f"backend URL {url!r} has an empty host in its list; use one of: {_ACCEPTED}"
         )
-    members = [
-        cls(f"{http_scheme}://{h}", api_key=api_key, timeout=timeout, **options) for h in hosts
-    ]
-    return EndpointPool(members, **pool_options)
+    return cls, http_scheme, hosts
