@@ -251,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         log_level="warning",
         access_log=False,
         backlog=4096,
+        # Longer than any client's keep-alive expiry (httpx: 5 s), so a client
+        # never reuses a connection the server is just closing (a ReadError
+        # that would fail a sibling for the harness's sake, not the contender's).
+        timeout_keep_alive=120,
     )
     return 0
 
