@@ -1,0 +1,104 @@
+"""The benchmark harness's pure parts: prompt sizes, the ideal bound, metrics, goals."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from benchmarks import metrics, report
+from benchmarks.contenders.ideal import ideal
+from benchmarks.toolservice import ToolServiceConfig
+from benchmarks.workloads import WORKLOADS, response_schema, system_prompt, task_text
+from langgraph_batch.emulator.scenarios import value_for_schema
+from langgraph_batch.emulator.tokenizer import count_tokens
+
+
+def test_prompts_have_the_specified_token_counts_and_key_markers() -> None:
+    wl = WORKLOADS["W1"]
+    assert count_tokens(system_prompt(wl, 0)) == 2048
+    task = task_text(wl, 13, 0)
+    assert count_tokens(task) == 500
+    assert "key=k3" in task  # 13 % 10 distinct keys
+    assert task != task_text(wl, 23, 0)  # same key, different task
+    schema = response_schema(wl)
+    assert schema is not None
+    answer = json.dumps(value_for_schema(schema, key="k3", rng=random.Random(0)))
+    assert abs(count_tokens(answer) - wl.final_tokens) <= 15
+
+
+def test_ideal_is_at_least_the_critical_path_and_grows_with_n() -> None:
+    w1 = ideal(WORKLOADS["W1"], n=100, seed=0)
+    assert w1["makespan_s"] >= w1["critical_path_s"] >= 0.8  # one 800 ms tool call
+    assert w1["makespan_s"] == max(w1["work_bound_s"], w1["critical_path_s"])
+    small = ideal(WORKLOADS["W1"], n=10, seed=0)
+    assert small["work_bound_s"] < w1["work_bound_s"]
+    assert ideal(WORKLOADS["W5"], n=100, seed=0)["makespan_s"] == 0.0  # zero-cost profile
+
+
+def test_seeded_tool_latency_is_deterministic_and_in_range() -> None:
+    cfg = ToolServiceConfig(latency_range_s=(0.3, 1.5), seed=7)
+    values = [cfg.latency_for(f"web_search:k{i}") for i in range(50)]
+    assert all(0.3 <= v <= 1.5 for v in values)
+    assert values == [cfg.latency_for(f"web_search:k{i}") for i in range(50)]
+    assert len(set(values)) > 40
+    assert ToolServiceConfig(latency_s=0.8).latency_for("x") == 0.8
+
+
+def test_combine_subtracts_the_warmup_and_scales_times() -> None:
+    client = {
+        "makespan_s": 2.0,
+        "completions_s": [1.0, 1.5, None],
+        "failures": 1,
+        "tool_calls_requested": 3,
+        "client_cpu_s": 0.5,
+        "peak_rss_mb": 100.0,
+        "baseline_emulator": {"requests": 2, "prompt_tokens_received": 100, "cached_tokens": 0},
+        "baseline_tools": {"executions": 1},
+    }
+    emu = {
+        "requests": 8,
+        "prompt_tokens_received": 1100,
+        "cached_tokens": 500,
+        "prefill_tokens_computed": 600,
+    }
+    tools = {"executions": 4, "by_key": {'web_search:{"query":"warmup"}': 1, "a": 2, "b": 1}}
+    entry = metrics.combine(client, emu, tools, time_scale=10.0)
+    assert entry["makespan_s"] == 20.0
+    assert entry["first_result_s"] == 10.0
+    assert entry["llm_requests"] == 6
+    assert entry["prompt_tokens"] == 1000
+    assert entry["cache_hit_rate"] == 0.5
+    assert entry["tool_calls_executed"] == 3
+    assert entry["tool_distinct_keys"] == 2
+
+
+def test_goals_report_ratios_and_misses(tmp_path: Path) -> None:
+    base = dict.fromkeys(report.METRIC_KEYS, 1.0)
+    contenders = {
+        "naive": base | {"makespan_s": 10.0, "latency_p95_s": 10.0},
+        "naive-bounded": base | {"makespan_s": 12.0},
+        "batchagent": {"error": "could not install"},
+        "langgraph-batch": base
+        | {"makespan_s": 8.0, "latency_p95_s": 7.0, "tool_calls_executed": 10.0}
+        | {"tool_distinct_keys": 10},
+        "ideal": {"makespan_s": 5.0},
+    }
+    goals = {g["goal"]: g for g in report.goals("W1", contenders, 100)}
+    assert goals["makespan <= 1.0x naive"]["met"] is True
+    assert goals["makespan <= 0.5x naive-bounded"]["met"] is False
+    assert goals["makespan <= 0.8x batchagent"]["met"] is None  # failed contender
+    assert goals["tool executions = distinct keys"]["met"] is True
+    assert goals["makespan <= 1.25x ideal"]["measured"] == 1.6
+    result = {
+        "workload": "W1",
+        "params": {"n": 100, "time_scale": 1.0, "seed": 0, "profile": "h100-llama3-8b"},
+        "contenders": contenders,
+        "goals": list(goals.values()),
+    }
+    paths = report.write(result, tmp_path)
+    md = paths["md"].read_text()
+    assert "FAILED: could not install" in md
+    assert "**MISSED**" in md
+    assert "**NOT MEASURED**" in md
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
