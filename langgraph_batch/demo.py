@@ -43,6 +43,7 @@ _SYSTEM_TOKENS = 2048
 _TASK_TOKENS = 500
 _ANSWER_TOKENS = 200
 _TOOL_LATENCY_S = 0.8
+_TOOL_CONCURRENCY = 10
 _MAX_DISTINCT_KEYS = 10
 # Short words: each is one token of the emulator's tokenizer.
 _WORDS: tuple[str, ...] = (
@@ -102,14 +103,23 @@ def _answer_schema() -> dict[str, Any]:
 
 @dataclass(slots=True)
 class _ToolService:
-    """The demo's emulated external API: fixed latency, counts executions per query."""
+    """The demo's emulated external API, as in W1.
+
+    Fixed latency, at most `concurrency` calls at once (real search APIs
+    rate-limit), executions counted per query.
+    """
 
     latency_s: float
+    concurrency: int = _TOOL_CONCURRENCY
     executions: dict[str, int] = field(default_factory=dict)
+    _sem: asyncio.Semaphore | None = None
 
     async def search(self, query: str) -> str:
-        self.executions[query] = self.executions.get(query, 0) + 1
-        await asyncio.sleep(self.latency_s)
+        if self._sem is None:  # created in the running loop
+            self._sem = asyncio.Semaphore(self.concurrency)
+        async with self._sem:
+            self.executions[query] = self.executions.get(query, 0) + 1
+            await asyncio.sleep(self.latency_s)
         return f"Top passages for {query}: " + _filler(60, random.Random(query))
 
     def reset(self) -> None:
@@ -511,7 +521,8 @@ async def _demo(args: argparse.Namespace) -> int:
         _say(
             f"Job: {n} research agents, shared {_SYSTEM_TOKENS}-token system prompt, "
             f"{_TASK_TOKENS}-token tasks, web_search tool ({_TOOL_LATENCY_S * 1000:.0f} ms, "
-            f"{_distinct_keys(n)} distinct queries), JSON answer. Model {model}."
+            f"{_distinct_keys(n)} distinct queries, at most {_TOOL_CONCURRENCY} at once), "
+            f"JSON answer. Model {model}."
         )
         # Warm both stacks up (imports, clients, graph compilation) with one
         # sibling each, so neither run is charged one-time start-up costs.
