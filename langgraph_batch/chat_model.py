@@ -70,6 +70,9 @@ _OMIT_IF_NONE = frozenset({"tool_choice", "parallel_tool_calls", "response_forma
 
 _END = object()
 
+# Starting in-flight limit of a default policy on a backend with engine metrics.
+_INITIAL_INFLIGHT = 64
+
 
 class BatchedChatModel(BaseChatModel):
     """A chat model for vLLM, SGLang or any OpenAI-compatible server, batched.
@@ -124,9 +127,12 @@ class BatchedChatModel(BaseChatModel):
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""
-    max_inflight: int = 64
-    """Most requests the shared scheduler keeps on the wire at once (applies when this
-    model creates the scheduler; the scheduler may adapt below it, never above)."""
+    max_inflight: int = 256
+    """Hard cap on requests the shared scheduler keeps on the wire at once (applies
+    when this model creates the scheduler). With engine metrics (vLLM, SGLang) the
+    scheduler starts at min(64, this), raised to the engine's KV capacity when
+    known, and adapts up to this cap while the server keeps no queue of its own;
+    without metrics it uses the cap. 429/503 and preemptions lower the limit."""
     policy: BatchPolicy | None = Field(default=None, exclude=True)
     """Full scheduler policy for a scheduler this model creates (overrides `max_inflight`)."""
     scheduler: Any = Field(default=None, exclude=True)
@@ -402,6 +408,20 @@ class BatchedChatModel(BaseChatModel):
             return self.backend.key
         return backend_key(self.base_url)
 
+    def default_policy(self) -> BatchPolicy:
+        """The policy of a scheduler this model creates when `policy` is None.
+
+        Returns:
+            `max_inflight` as the hard cap (and the limit without engine
+            metrics), starting at min(64, cap) when engine metrics adapt it.
+        """
+        cap = self.max_inflight
+        return BatchPolicy(
+            max_inflight=cap,
+            inflight_cap=cap,
+            initial_inflight=min(_INITIAL_INFLIGHT, cap),
+        )
+
     def get_scheduler(self) -> Scheduler:
         """The `Scheduler` for the running event loop (created on first use).
 
@@ -414,8 +434,7 @@ class BatchedChatModel(BaseChatModel):
         return scheduler_for(
             key=self.scheduler_key,
             backend_factory=self._make_backend,
-            policy=self.policy
-            or BatchPolicy(max_inflight=self.max_inflight, inflight_cap=self.max_inflight),
+            policy=self.policy or self.default_policy(),
             name=self.scheduler if isinstance(self.scheduler, str) else None,
         )
 

@@ -14,11 +14,20 @@ Priority order is a heap of `(primary, seq, item)` tuples, so comparisons
 run in C; withdrawn items are deleted lazily (skipped when they reach the
 top, and the heap is compacted when dead entries dominate).
 
-The in-flight limit adapts AIMD-style between `min_inflight` and the hard
-cap: multiplicative decrease on HTTP 429/503 or on a rising
-`num_preemptions_total`, additive increase while the server keeps no queue of
-its own (`num_requests_waiting == 0`) and ours is non-empty. Without engine
-metrics the limit only recovers towards `max_inflight`, never beyond it.
+The in-flight limit adapts like TCP's congestion window between
+`min_inflight` and the hard cap. With engine metrics it starts at
+`initial_inflight` (raised to the engine's KV capacity / `kv_tokens_per_request`
+on the first sample that reports the capacity) and grows while the server
+keeps no queue of its own (`num_requests_waiting == 0`) and we were limit-bound
+(our queue non-empty with every slot used at some point since the previous
+sample): by doubling (slow start) until the first sign of overload, then by
+`increase_step` per sample (AIMD). Growth happens at most once per metrics
+sample, either when the sample arrives or, when we were not limit-bound then,
+at the first limit-bound event while that sample is fresh (younger than
+`metrics_interval_s`). HTTP 429/503 and a rising `num_preemptions_total`
+shrink the limit multiplicatively and end slow start. Without engine metrics
+the limit starts at `max_inflight` and only recovers towards it after a
+decrease, never beyond.
 
 Prefix warming (when enabled): every item may carry a `prefix` key (a hash
 of the shared leading part of its prompt: system message(s) + tools). The
@@ -81,6 +90,13 @@ class BatchPolicy:
     Every field has a working default; the ones most worth tuning are
     `max_inflight` (engine load) and `priority`.
 
+    The in-flight limit: without engine metrics (a plain OpenAI-compatible
+    server) it is `max_inflight`, lowered temporarily after 429/503. With
+    engine metrics (vLLM, SGLang) it starts at `initial_inflight` (default
+    `max_inflight`) and adapts between `min_inflight` and `hard_cap`
+    (`inflight_cap`, default 4 x `max_inflight`). To promise a server "never
+    more than N", set `inflight_cap=N` (and `max_inflight <= N`).
+
     Example:
         ```python
         from langgraph_batch.scheduler import BatchPolicy, Scheduler
@@ -94,16 +110,29 @@ class BatchPolicy:
     """
 
     max_inflight: int = 64
-    """Requests on the wire at first; without engine metrics also the ceiling."""
+    """The base limit: without engine metrics, the limit (and its ceiling);
+    with them, the starting limit unless `initial_inflight` is set."""
     min_inflight: int = 1
     """Floor the adaptive limit never shrinks below."""
     inflight_cap: int | None = None
-    """Hard cap the limit may grow to when the engine reports an empty queue
-    (None: 4 x `max_inflight`)."""
+    """Hard cap: never more requests on the wire than this (None: 4 x
+    `max_inflight`). The limit grows towards it only on engine metrics."""
+    initial_inflight: int | None = None
+    """With engine metrics: the limit at start, between `min_inflight` and the
+    hard cap (None: `max_inflight`). Ignored without metrics."""
     adaptive: bool = True
-    """Adapt the limit (AIMD). False: exactly `max_inflight` slots, always."""
+    """Adapt the limit. False: exactly `max_inflight` slots, always."""
+    slow_start: bool = True
+    """With engine metrics: double the limit per sample while the engine has no
+    queue and we are limit-bound, until the first 429/503/preemption; then grow
+    by `increase_step` (AIMD). False: always `increase_step`."""
     increase_step: float = 4.0
-    """Slots added per metrics sample that shows the server has no queue while we do."""
+    """Slots added per metrics sample that shows the server has no queue while
+    we are limit-bound (after slow start)."""
+    kv_tokens_per_request: int | None = 4096
+    """With engine metrics: KV-cache tokens one request is expected to hold.
+    The first sample reporting `kv_capacity_tokens` raises the starting limit to
+    capacity / this (clamped to the hard cap) during slow start (None: off)."""
     decrease_factor: float = 0.7
     """Multiplier applied on 429/503/preemption (0 < f < 1)."""
     adapt_cooldown_s: float = 1.0
@@ -150,6 +179,15 @@ class BatchPolicy:
                     f"inflight_cap={self.inflight_cap} must be >= "
                     f"max_inflight={self.max_inflight} (or None)"
                 )
+        if self.initial_inflight is not None:
+            _check_int("initial_inflight", self.initial_inflight, 1)
+            if not self.min_inflight <= self.initial_inflight <= self.hard_cap:
+                raise ValueError(
+                    f"initial_inflight={self.initial_inflight} must be between "
+                    f"min_inflight={self.min_inflight} and the hard cap {self.hard_cap} (or None)"
+                )
+        if self.kv_tokens_per_request is not None:
+            _check_int("kv_tokens_per_request", self.kv_tokens_per_request, 1)
         if not self.increase_step > 0:
             raise ValueError(f"increase_step={self.increase_step!r} must be > 0")
         if not 0 < self.decrease_factor < 1:
@@ -363,7 +401,8 @@ class BatchPolicyCore:
         batching: whether batchable items may be collected into batches (the
             backend supports `complete_batch` and the policy enables it).
         has_metrics: whether engine metrics will arrive (`on_metrics`); without
-            them the limit never grows beyond `max_inflight`.
+            them the limit starts at `max_inflight` and never grows beyond it;
+            with them it starts at `initial_inflight` and adapts up to the cap.
         warming: hold items whose `prefix` is being warmed (see the module
             docstring); usually `policy.warms_prefixes(flavor)`.
 
@@ -397,8 +436,24 @@ class BatchPolicyCore:
         self._base = float(policy.max_inflight)
         self._floor = float(policy.min_inflight)
         self._cap = float(policy.hard_cap)
-        self._limit = self._base
-        self._ilimit = policy.max_inflight
+        adapting = has_metrics and policy.adaptive
+        start = policy.max_inflight
+        if adapting and policy.initial_inflight is not None:
+            start = policy.initial_inflight
+        self._limit = float(start)
+        self._ilimit = start
+        self._slow_start = adapting and policy.slow_start
+        self._sized = not adapting or policy.kv_tokens_per_request is None
+        self._interval = policy.metrics_interval_s
+        # Limit-bound (queue non-empty, every slot used) since the last sample.
+        self._saturated = False
+        # The last sample allows growth that has not happened yet (taken at _sample_t).
+        self._sample_unspent = False
+        self._sample_t = -math.inf
+        self.increases = 0
+        """Times the limit grew on engine metrics."""
+        self.decreases = 0
+        """Times the limit shrank (429/503/preemptions)."""
         self._seq = 0
         self._heap: list[tuple[float, int, PolicyItem]] = []
         self._bheap: list[tuple[float, int, PolicyItem]] = []
@@ -533,6 +588,10 @@ class BatchPolicyCore:
             self.held_total += 1
             return
         self._push(item, now)
+        if self._in_flight >= self._ilimit:
+            self._saturated = True
+            if self._sample_unspent and now - self._sample_t < self._interval:
+                self._grow()
 
     def _push(self, item: PolicyItem, now: float) -> None:
         entry = item.entry
@@ -631,6 +690,15 @@ class BatchPolicyCore:
             and when to ask again if a batch window is still open.
         """
         plan = Plan()
+        self._fill(plan, now)
+        if (self._queued or self._bqueued) and self._in_flight >= self._ilimit:
+            self._saturated = True
+            if self._sample_unspent and now - self._sample_t < self._interval:
+                self._grow()
+                self._fill(plan, now)
+        return plan
+
+    def _fill(self, plan: Plan, now: float) -> None:
         free = self._ilimit - self._in_flight
         ready = self._batch_ready(now, plan)
         heap = self._heap
@@ -652,7 +720,6 @@ class BatchPolicyCore:
             plan.batches.append(batch)
             free -= len(batch)
             ready = self._batch_ready(now, plan)
-        return plan
 
     def on_complete(self, item: PolicyItem, outcome: Outcome, now: float) -> None:
         """Release the slot of a running item and learn from how its call ended.
@@ -690,6 +757,7 @@ class BatchPolicyCore:
         if outcome is Outcome.OK:
             if (
                 self.policy.adaptive
+                and not self._has_metrics
                 and self._limit < self._base
                 and (self._queued or self._bqueued)
             ):
@@ -721,12 +789,23 @@ class BatchPolicyCore:
     def on_metrics(self, metrics: EngineMetrics, now: float) -> None:
         """Adapt the limit to what the engine reports about its own load.
 
-        Rising `num_preemptions_total` shrinks the limit; an empty engine
-        queue (`num_requests_waiting == 0`) while ours is non-empty and every
-        slot is used grows it by `increase_step`, up to the hard cap.
+        Rising `num_preemptions_total` shrinks the limit and ends slow start.
+        The first sample with `kv_capacity_tokens` may raise the starting
+        limit (see `BatchPolicy.kv_tokens_per_request`). An empty engine queue
+        (`num_requests_waiting == 0`) grows the limit, up to the hard cap, when
+        we were limit-bound at any time since the previous sample; otherwise
+        the growth stays available to the first limit-bound `enqueue`/`plan`
+        while this sample is younger than `metrics_interval_s`.
+
+        Args:
+            metrics: the engine's figures.
+            now: the current time, seconds.
         """
         self.latest_metrics = metrics
-        if not self.policy.adaptive:
+        self._sample_unspent = False
+        saturated = self._saturated
+        self._saturated = bool(self._queued or self._bqueued) and self._in_flight >= self._ilimit
+        if not self.policy.adaptive or not self._has_metrics:
             return
         pre = metrics.num_preemptions_total
         last = self._last_preemptions
@@ -735,14 +814,26 @@ class BatchPolicyCore:
             if last is not None and pre > last:
                 self._decrease(now)
                 return
+        if not self._sized and metrics.kv_capacity_tokens:
+            self._sized = True
+            per_request = self.policy.kv_tokens_per_request
+            if self._slow_start and per_request:
+                fits = min(self._cap, float(metrics.kv_capacity_tokens // per_request))
+                if fits > self._limit:
+                    self._set_limit(fits)
         waiting = metrics.num_requests_waiting
-        if (
-            waiting is not None
-            and waiting <= 0
-            and (self._queued or self._bqueued)
-            and self._in_flight >= self._ilimit
-        ):
-            self._set_limit(min(self._cap, self._limit + self.policy.increase_step))
+        if waiting is None or waiting > 0:
+            return
+        self._sample_t = now
+        if saturated or self._saturated:
+            self._grow()
+        else:
+            self._sample_unspent = True
+
+    @property
+    def in_slow_start(self) -> bool:
+        """Whether the limit still doubles per sample (no overload seen yet)."""
+        return self._slow_start
 
     def drain(self) -> list[PolicyItem]:
         """Remove and return every queued item (the scheduler is closing or dead)."""
@@ -887,7 +978,20 @@ class BatchPolicyCore:
         if not self.policy.adaptive or now - self._last_decrease < self.policy.adapt_cooldown_s:
             return
         self._last_decrease = now
+        self._slow_start = False
+        self._sample_unspent = False
+        self.decreases += 1
         self._set_limit(max(self._floor, self._limit * self.policy.decrease_factor))
+
+    def _grow(self) -> None:
+        # Spend the current metrics sample on one increase.
+        self._sample_unspent = False
+        self._saturated = False
+        step = self._limit if self._slow_start else self.policy.increase_step
+        value = min(self._cap, self._limit + step)
+        if value > self._limit:
+            self.increases += 1
+            self._set_limit(value)
 
     def _set_limit(self, value: float) -> None:
         self._limit = value

@@ -81,6 +81,14 @@ async def test_scheduler_key_matches_the_backend_it_builds(url: str) -> None:
         await scheduler.aclose()
 
 
+def test_default_policy_caps_at_256_and_starts_at_64() -> None:
+    llm = BatchedChatModel(model="m", backend=FakeBackend(base_url="fake://default-policy"))
+    assert llm.max_inflight == 256
+    policy = llm.default_policy()
+    assert (policy.hard_cap, policy.initial_inflight, policy.max_inflight) == (256, 64, 256)
+    assert BatchedChatModel(model="m", max_inflight=32).default_policy().initial_inflight == 32
+
+
 async def test_named_and_explicit_schedulers() -> None:
     from langgraph_batch.scheduler import Scheduler
 
@@ -89,9 +97,11 @@ async def test_named_and_explicit_schedulers() -> None:
     assert named.scheduler_key == "my-sched"
     sched = named.get_scheduler()
     assert sched.name == "my-sched"
-    # max_inflight is a ceiling: the adaptive limit may shrink, never grow past it.
+    # max_inflight is the hard cap: the adaptive limit may shrink, never grow past it.
     assert sched.policy.max_inflight == 4
     assert sched.policy.inflight_cap == 4
+    assert sched.policy.hard_cap == 4
+    assert sched.policy.initial_inflight == 4
     await sched.aclose()
     async with Scheduler(FakeBackend(base_url="fake://explicit")) as explicit:
         llm = BatchedChatModel(model="m", scheduler=explicit)

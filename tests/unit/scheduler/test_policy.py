@@ -52,6 +52,10 @@ def items(*turns: int, **kw: object) -> list[PolicyItem]:
         ({"backoff_max_s": 0.1, "backoff_base_s": 1.0}, "backoff_max_s"),
         ({"timeout": 0}, "timeout=0"),
         ({"stats_window": 0}, "stats_window"),
+        ({"initial_inflight": 0}, "initial_inflight=0"),
+        ({"initial_inflight": 3, "min_inflight": 4, "max_inflight": 8}, "initial_inflight=3"),
+        ({"initial_inflight": 9, "max_inflight": 4, "inflight_cap": 8}, "initial_inflight=9"),
+        ({"kv_tokens_per_request": 0}, "kv_tokens_per_request=0"),
     ],
 )
 def test_policy_rejects_bad_values(kw: dict[str, object], match: str) -> None:
@@ -378,6 +382,147 @@ def test_rising_preemptions_shrink() -> None:
     assert c.limit == 10
     c.on_metrics(EngineMetrics(num_preemptions_total=7, num_requests_waiting=0), 3.0)
     assert c.limit == 5
+
+
+IDLE = EngineMetrics(num_requests_waiting=0, num_preemptions_total=0)
+BUSY = EngineMetrics(num_requests_waiting=5, num_preemptions_total=0)
+
+
+def test_slow_start_doubles_per_sample_while_limit_bound_up_to_the_cap() -> None:
+    c = core(max_inflight=100, initial_inflight=8, inflight_cap=100, has_metrics=True)
+    assert c.limit == 8
+    assert c.in_slow_start
+    saturate(c, 0.0, extra=200)
+    t = 0.0
+    seen = []
+    for _ in range(6):
+        t += 0.5
+        c.on_metrics(IDLE, t)
+        c.plan(t)  # fills the new slots; our queue stays non-empty
+        seen.append(c.limit)
+    assert seen == [16, 32, 64, 100, 100, 100]  # x2 per sample, then the hard cap
+    assert c.in_flight == 100
+    assert c.increases == 4
+
+
+def test_no_growth_while_the_engine_queues() -> None:
+    c = core(max_inflight=64, initial_inflight=8, has_metrics=True)
+    saturate(c, 0.0, extra=50)
+    c.on_metrics(BUSY, 0.5)
+    c.on_metrics(EngineMetrics(), 1.0)  # waiting not reported
+    assert c.limit == 8
+    assert c.in_slow_start  # a busy engine queue alone is no overload signal
+
+
+def test_growth_counts_saturation_since_the_previous_sample() -> None:
+    # Limit-bound at t=0.2, but at sample time a slot is momentarily free.
+    c = core(max_inflight=64, initial_inflight=4, has_metrics=True)
+    its = saturate(c, 0.2, extra=1)
+    c.on_complete(its[0], Outcome.OK, 0.4)
+    assert (c.slots_free, c.ready) == (1, 1)
+    c.on_metrics(IDLE, 0.5)
+    assert c.limit == 8
+    # The next sample sees no saturation since this one: no growth.
+    c.plan(0.6)
+    c.on_metrics(IDLE, 1.0)
+    assert c.limit == 8
+
+
+def test_fresh_idle_sample_grows_on_the_first_limit_bound_event() -> None:
+    c = core(max_inflight=64, initial_inflight=2, has_metrics=True, metrics_interval_s=0.5)
+    c.on_metrics(IDLE, 0.0)  # not limit-bound now: growth stays available
+    assert c.limit == 2
+    its = [PolicyItem() for _ in range(5)]
+    for it in its[:2]:
+        c.enqueue(it, 0.1)
+    assert len(c.plan(0.1).dispatch) == 2
+    c.enqueue(its[2], 0.2)  # queued behind full slots, sample 0.2 s old: grow now
+    assert c.limit == 4
+    assert c.plan(0.2).dispatch == [its[2]]
+    c.enqueue(its[3], 0.3)
+    c.enqueue(its[4], 0.3)
+    c.plan(0.3)
+    assert c.limit == 4  # one increase per sample
+    c.on_metrics(IDLE, 1.0)  # limit-bound since the last sample: grow at once
+    assert c.limit == 8
+
+
+def test_stale_idle_sample_does_not_grow_on_events() -> None:
+    c = core(max_inflight=64, initial_inflight=1, has_metrics=True, metrics_interval_s=0.5)
+    c.on_metrics(IDLE, 0.0)
+    saturate(c, 0.6, extra=3)  # 0.6 s after the sample: too old to act on
+    assert c.limit == 1
+
+
+def test_decrease_ends_slow_start_then_additive_increase() -> None:
+    c = core(
+        max_inflight=64,
+        initial_inflight=16,
+        inflight_cap=64,
+        decrease_factor=0.5,
+        increase_step=4,
+        adapt_cooldown_s=0.0,
+        has_metrics=True,
+    )
+    its = saturate(c, 0.0, extra=100)
+    c.on_metrics(IDLE, 0.5)
+    assert c.limit == 32
+    c.on_complete(its[0], Outcome.OVERLOADED, 0.6)  # HTTP 503
+    assert c.limit == 16
+    assert not c.in_slow_start
+    t = 0.6
+    seen = []
+    for _ in range(3):
+        c.plan(t)
+        t += 0.5
+        c.on_metrics(IDLE, t)
+        seen.append(c.limit)
+    assert seen == [20, 24, 28]  # AIMD: + increase_step per sample
+    assert c.decreases == 1
+
+
+def test_rising_preemptions_end_slow_start() -> None:
+    c = core(max_inflight=64, initial_inflight=32, decrease_factor=0.5, has_metrics=True)
+    saturate(c, 0.0, extra=10)
+    c.on_metrics(EngineMetrics(num_requests_waiting=0, num_preemptions_total=0), 0.5)
+    assert c.limit == 64
+    c.plan(0.5)
+    c.on_metrics(EngineMetrics(num_requests_waiting=0, num_preemptions_total=2), 1.0)
+    assert c.limit == 32
+    assert not c.in_slow_start
+
+
+def test_engine_kv_capacity_sizes_the_starting_limit() -> None:
+    c = core(
+        max_inflight=256,
+        initial_inflight=64,
+        inflight_cap=256,
+        kv_tokens_per_request=3000,
+        has_metrics=True,
+    )
+    c.on_metrics(EngineMetrics(kv_capacity_tokens=440_000, num_requests_waiting=0), 0.0)
+    assert c.limit == 146  # 440k / 3k
+    c.on_metrics(EngineMetrics(kv_capacity_tokens=10_000_000, num_requests_waiting=0), 0.5)
+    assert c.limit == 146  # sized once
+    small = core(max_inflight=100, initial_inflight=64, inflight_cap=100, has_metrics=True)
+    small.on_metrics(EngineMetrics(kv_capacity_tokens=4_000_000), 0.0)
+    assert small.limit == 100  # clamped to the hard cap
+    tiny = core(max_inflight=256, initial_inflight=64, has_metrics=True)
+    tiny.on_metrics(EngineMetrics(kv_capacity_tokens=40_000), 0.0)
+    assert tiny.limit == 64  # only ever raises the start
+    off = core(max_inflight=256, initial_inflight=64, kv_tokens_per_request=None, has_metrics=True)
+    off.on_metrics(EngineMetrics(kv_capacity_tokens=4_000_000), 0.0)
+    assert off.limit == 64
+
+
+def test_without_metrics_the_limit_is_max_inflight() -> None:
+    c = core(max_inflight=256, initial_inflight=64, inflight_cap=256, decrease_factor=0.5)
+    assert c.limit == 256  # initial_inflight applies only with engine metrics
+    its = saturate(c, 0.0, extra=10)
+    c.on_metrics(IDLE, 0.5)  # a stray sample never grows a metrics-less core
+    assert c.limit == 256
+    c.on_complete(its[0], Outcome.RATE_LIMITED, 1.0)
+    assert c.limit == 128
 
 
 def test_not_adaptive_never_moves() -> None:

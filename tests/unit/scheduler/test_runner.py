@@ -381,6 +381,23 @@ async def test_metrics_polled_and_limit_grows() -> None:
     assert backend.max_running == 6
 
 
+async def test_first_metrics_poll_is_immediate_and_grows_once_per_sample() -> None:
+    # A 60 s interval: only the poll made when the runner starts can act.
+    backend = MetricsBackend(EngineMetrics(num_requests_waiting=0, num_preemptions_total=0))
+    policy = BatchPolicy(
+        max_inflight=16, inflight_cap=16, initial_inflight=2, metrics_interval_s=60.0
+    )
+    async with Scheduler(backend, policy=policy) as s:
+        tasks = [asyncio.create_task(s.submit(request(f"r{i}"))) for i in range(10)]
+        await backend.wait_running(4)  # slow start: 2 -> 4 on the first sample
+        await wait_for(lambda: s.stats().queued == 6, s)
+        assert backend.polls == 1
+        assert (s.stats().max_inflight, s.stats().in_flight) == (4, 4)
+        backend.gate.set()
+        await asyncio.gather(*tasks)
+    assert backend.max_running == 4
+
+
 async def test_stats_snapshot_is_frozen_and_empty_at_start() -> None:
     s = Scheduler(InstantBackend(), policy=BatchPolicy(max_inflight=3))
     st = s.stats()
