@@ -68,6 +68,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Send
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
+from langgraph_batch._loop import background_loop
 from langgraph_batch._progress import fan_out_event
 from langgraph_batch.errors import SiblingFailedError
 from langgraph_batch.nodes._admission import SiblingAdmission
@@ -353,7 +354,8 @@ class _Spec:
 class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
     """The node `fan_out` returns: add it with `StateGraph.add_node(name, node)`.
 
-    Async only (`ainvoke`, `astream`); the sync `invoke` raises.
+    Runs in async graphs (`ainvoke`, `astream`) and sync ones (`invoke`, `stream`:
+    the node then runs on langgraph-batch's background event loop).
 
     Attributes:
         subgraph: the compiled graph each sibling runs.
@@ -403,7 +405,8 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             sibling_tokens=sibling_tokens,
         )
         self.graph = _build_inner(self.spec, subgraph)
-        super().__init__(_build_runner(self.spec, self.graph), name=node_name)
+        sync_runner, async_runner = _build_runner(self.spec, self.graph)
+        super().__init__(sync_runner, afunc=async_runner, name=node_name)
 
     @property
     def into(self) -> str:
@@ -415,49 +418,69 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         return f"FanOutNode(name={self.name!r}, subgraph={sub!r}, into={self.spec.into!r})"
 
 
-def _build_runner(spec: _Spec, inner: Any) -> Callable[..., Any]:
-    """The parent-graph node function (a closure over `inner`, so xray finds it)."""
+def _build_runner(
+    spec: _Spec, inner: Any
+) -> tuple[Callable[..., dict[str, Any]], Callable[..., Any]]:
+    """The parent-graph node functions, sync and async.
+
+    Both are closures that name `inner`: xray finds the sibling subgraph by
+    reading the node function's closure.
+    """
 
     async def run_fan_out(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        items = spec.resolve_items(state)
-        scheduler = spec.resolve_scheduler()
-        admission = SiblingAdmission(max_active=await spec.resolve_max_active(scheduler))
-        label = spec.name
-        if not spec.named:
-            label = str((config.get("metadata") or {}).get("langgraph_node") or label)
-        run = _FanOutRun(
-            node=label,
-            group=_group_id(config),
-            total=len(items),
-            admission=admission,
-            scheduler=scheduler,
-            writer=_stream_writer(),
-        )
-        run.emit("started", max_active=admission.max_active)
-        if not items:
-            run.emit("done")
-            return {spec.into: []}
-        child = merge_configs(config, {"configurable": {_RUN_KEY: run}})
-        try:
-            out = await inner.ainvoke({"items": items}, child)
-        finally:
-            _forget_run(run.group)
-        results = spec.collect(run, out.get("results") or [])
-        errors = [r for r in results if isinstance(r, SiblingError)]
-        run.done, run.failed = len(results), len(errors)
-        run.emit("done", peak_active=admission.stats().peak_active)
-        if errors and spec.on_error == "raise":
-            first = errors[0]
-            raise SiblingFailedError(
-                f"fan_out {spec.name!r}: {len(errors)} of {len(results)} siblings failed "
-                f"(first: sibling {first.index}: {first.error_type}: {first.message}); "
-                f"use on_error='collect' to get SiblingError results instead",
-                errors=errors,
-                results=results,
-            )
-        return {spec.into: results}
+        return await _run_fan_out(spec, inner, state, config)
 
-    return run_fan_out
+    def run_fan_out_sync(state: Any, config: RunnableConfig) -> dict[str, Any]:
+        # Sync graphs (`graph.invoke`) run nodes in threads: run the node on the
+        # shared background loop, where the siblings' sync model calls meet
+        # their scheduler too. The parent's checkpointer must then support the
+        # async API (InMemorySaver, AsyncSqliteSaver, ... do).
+        return background_loop().run(_run_fan_out(spec, inner, state, config))
+
+    return run_fan_out_sync, run_fan_out
+
+
+async def _run_fan_out(
+    spec: _Spec, inner: Any, state: Any, config: RunnableConfig
+) -> dict[str, Any]:
+    """Run every sibling of one fan_out invocation and collect the results."""
+    items = spec.resolve_items(state)
+    scheduler = spec.resolve_scheduler()
+    admission = SiblingAdmission(max_active=await spec.resolve_max_active(scheduler))
+    label = spec.name
+    if not spec.named:
+        label = str((config.get("metadata") or {}).get("langgraph_node") or label)
+    run = _FanOutRun(
+        node=label,
+        group=_group_id(config),
+        total=len(items),
+        admission=admission,
+        scheduler=scheduler,
+        writer=_stream_writer(),
+    )
+    run.emit("started", max_active=admission.max_active)
+    if not items:
+        run.emit("done")
+        return {spec.into: []}
+    child = merge_configs(config, {"configurable": {_RUN_KEY: run}})
+    try:
+        out = await inner.ainvoke({"items": items}, child)
+    finally:
+        _forget_run(run.group)
+    results = spec.collect(run, out.get("results") or [])
+    errors = [r for r in results if isinstance(r, SiblingError)]
+    run.done, run.failed = len(results), len(errors)
+    run.emit("done", peak_active=admission.stats().peak_active)
+    if errors and spec.on_error == "raise":
+        first = errors[0]
+        raise SiblingFailedError(
+            f"fan_out {spec.name!r}: {len(errors)} of {len(results)} siblings failed "
+            f"(first: sibling {first.index}: {first.error_type}: {first.message}); "
+            f"use on_error='collect' to get SiblingError results instead",
+            errors=errors,
+            results=results,
+        )
+    return {spec.into: results}
 
 
 def _build_inner(spec: _Spec, subgraph: Any) -> Any:

@@ -93,12 +93,6 @@ def test_subgraph_without_ainvoke_is_rejected() -> None:
         fan_out(object(), items="xs", into="out")
 
 
-async def test_sync_invoke_is_refused() -> None:
-    node = fan_out(number_graph(), items="xs", into="out", make_input=lambda x, i: {"x": x})
-    with pytest.raises(TypeError):
-        node.invoke({"xs": [1]})
-
-
 async def test_sibling_identity_reaches_async_and_sync_nodes_and_config() -> None:
     node = fan_out(number_graph(), items="xs", into="out", make_input=lambda x, i: {"x": x})
     out = await parent_graph(node).ainvoke({"xs": [10, 11, 12]})
