@@ -1,9 +1,9 @@
-"""`langgraph-batch bench <W1|W2|W3|W5|all> [--n N] [--contenders a,b] [--time-scale X] ...`.
+"""`langgraph-batch bench <W1|...|W6|all> [--n N] [--contenders a,b] [--time-scale X] ...`.
 
-For each workload: start the emulator and the tool service in their own
-processes, then run every contender one after another, each in its own fresh
-process, against the same servers (reset between contenders), and write
-`<out>/<workload>.json`, `.md` and `.png`.
+For each workload: start the emulator (one process per replica: W4 has 4)
+and the tool service in their own processes, then run every contender one
+after another, each in its own fresh process, against the same servers
+(reset between contenders), and write `<out>/<workload>.json`, `.md` and `.png`.
 """
 
 from __future__ import annotations
@@ -19,20 +19,29 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from benchmarks import metrics, report
-from benchmarks.contenders._common import RESULT_PREFIX
+from benchmarks.contenders._common import RESULT_PREFIX, sum_stats
 from benchmarks.toolservice import ROOT, ToolServiceConfig, tool_service
 from benchmarks.workloads import WORKLOADS, Workload, emulator_settings, make_job, params
 
-ALL_CONTENDERS = ("naive", "naive-bounded", "batchagent", "langgraph-batch", "ideal")
+ALL_CONTENDERS = (
+    "naive",
+    "naive-bounded",
+    "batchagent",
+    "langgraph-batch",
+    "langgraph-batch-rr",
+    "ideal",
+)
 MODULES = {
     "naive": "benchmarks.contenders.naive",
     "naive-bounded": "benchmarks.contenders.naive",
     "langgraph-batch": "benchmarks.contenders.lgb",
+    "langgraph-batch-rr": "benchmarks.contenders.lgb",
     "batchagent": "benchmarks.contenders.batchagent_runner",
 }
 BATCHAGENT_VENV = ROOT / "benchmarks" / ".venv-batchagent"
@@ -97,14 +106,24 @@ def versions() -> dict[str, Any]:
     return out
 
 
+def replica_stats(urls: Sequence[str]) -> dict[str, Any]:
+    """The emulator counters summed over every replica (lags: the worst replica's)."""
+    return sum_stats([metrics.emulator_stats(u) for u in urls])
+
+
 def run_contender(
-    name: str, job: dict[str, Any], *, timeout: float, trace_url: str | None = None
+    name: str,
+    job: dict[str, Any],
+    *,
+    timeout: float,
+    trace_urls: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None, list[list[float]]]:
     """Run one contender process; returns (client report, error, server trace).
 
-    With `trace_url`, the emulator's running/waiting counts are sampled every
-    0.25 s while the contender runs: `[wall_s, running, waiting, busy_s]` rows
-    that show how the contender loads the server.
+    With `trace_urls`, the emulator's running/waiting counts (summed over the
+    replicas) are sampled every 0.25 s while the contender runs:
+    `[wall_s, running, waiting, busy_s]` rows that show how the contender
+    loads the server.
     """
     python: Path | str = sys.executable
     if name == "batchagent":
@@ -130,9 +149,9 @@ def run_contender(
                 proc.kill()
                 proc.wait()
                 return None, f"timed out after {timeout:.0f} s", trace
-            if trace_url is not None:
+            if trace_urls:
                 try:
-                    st = metrics.emulator_stats(trace_url)
+                    st = replica_stats(trace_urls)
                     trace.append(
                         [
                             round(time.monotonic() - t0, 3),
@@ -188,7 +207,7 @@ def run_workload(
         "host": "127.0.0.1",
         "port": 0,
         "profile": wl.profile,
-        "flavor": "vllm",
+        "flavor": wl.flavor,
         "scenario": "agent",
         "time_scale": time_scale,
         "model": MODEL,
@@ -200,20 +219,26 @@ def run_workload(
     cfg = EmulatorConfig(**emu_kwargs)
     results: dict[str, Any] = {}
     warnings: list[str] = []
-    log(f"{wl.id}: N={n}, time scale {time_scale}, contenders {', '.join(contenders)}")
-    with EmulatorProcess(cfg) as emu, tool_service(tool_cfg) as tool_url:
+    log(
+        f"{wl.id}: N={n}, time scale {time_scale}, {wl.replicas} {wl.flavor} replica(s), "
+        f"contenders {', '.join(contenders)}"
+    )
+    with ExitStack() as stack:
+        urls = [stack.enter_context(EmulatorProcess(cfg)).url for _ in range(wl.replicas)]
+        tool_url = stack.enter_context(tool_service(tool_cfg))
         for name in contenders:
             if name == "ideal":
                 results[name] = ideal.ideal(wl, n=n, seed=seed)
                 log(f"{wl.id}: ideal makespan {results[name]['makespan_s']:.2f} s (emulated)")
                 continue
-            metrics.reset_emulator(emu.url)
+            for url in urls:
+                metrics.reset_emulator(url)
             metrics.reset_tools(tool_url)
             job = make_job(
                 wl,
                 n=n,
                 seed=seed,
-                llm_url=emu.url,
+                llm_url=urls,
                 tool_url=tool_url,
                 model=MODEL,
                 contender=name,
@@ -222,16 +247,17 @@ def run_workload(
                 job["lgb_options"] = lgb_options
             t0 = time.monotonic()
             client, error, trace = run_contender(
-                name, job, timeout=timeout, trace_url=emu.url if trace else None
+                name, job, timeout=timeout, trace_urls=urls if trace else None
             )
             wall = time.monotonic() - t0
             if client is None:
                 log(f"{wl.id}: {name} FAILED: {error}")
                 results[name] = {"error": error}
                 continue
+            stats = replica_stats(urls)
             entry = metrics.combine(
                 client,
-                metrics.emulator_stats(emu.url),
+                stats,
                 metrics.tool_stats(tool_url),
                 time_scale=time_scale,
             )
@@ -241,6 +267,9 @@ def run_workload(
                     f"{name}: the emulator fell {lag:.2f} s behind real time "
                     f"(time scale {time_scale} too small for this machine); its times are inflated"
                 )
+            if len(urls) > 1:
+                # Raw per-replica counts (the contender's one-sibling warm-up included).
+                entry["requests_per_replica"] = stats.get("per_replica_requests")
             if trace:
                 entry["server_trace"] = trace
             else:
@@ -249,6 +278,7 @@ def run_workload(
             log(
                 f"{wl.id}: {name}: makespan {entry['makespan_s']:.2f} s (emulated), "
                 f"p95 {entry['latency_p95_s'] or 0:.2f} s, failures {entry['failures']}, "
+                f"prefill {entry['prefill_tokens_computed']}, lag {entry['server_lag_s']}, "
                 f"CPU {entry['client_cpu_s']:.1f} s, process {wall:.1f} s"
             )
     out: dict[str, Any] = {

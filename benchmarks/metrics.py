@@ -128,6 +128,7 @@ def combine(
         "tool_distinct_keys": _int(tools, "distinct_keys"),
         "prompt_tokens": prompt,
         "prefill_tokens_computed": _int(emu, "prefill_tokens_computed"),
+        "cached_tokens": cached,
         "cache_hit_rate": (cached / prompt) if prompt and cached is not None else None,
         "preemptions": _int(emu, "preemptions"),
         "client_cpu_s": client.get("client_cpu_s"),

@@ -110,6 +110,10 @@ class Workload:
     tools: bool = True
     structured: bool = True
     profile: str = "h100-llama3-8b"
+    flavor: str = "vllm"
+    """The emulator's flavour: `vllm` or `sglang` (radix cache, `sglang://` backend)."""
+    replicas: int = 1
+    """Emulated server replicas (W4: several, one emulator process each)."""
     kv_tokens: int | None = None
     """Server KV capacity in tokens (None: the profile's default)."""
     time_scale: float = 1.0
@@ -133,6 +137,9 @@ class Workload:
         """All distinct keys of the run."""
         return {self.key(i) for i in range(self.n)}
 
+
+TIME_SCALE_W4 = 10.0
+"""W4's default time scale: 4 emulator processes share the machine with the client."""
 
 WORKLOADS: dict[str, Workload] = {
     "W1": Workload(
@@ -174,6 +181,22 @@ WORKLOADS: dict[str, Workload] = {
         # on 2 cores; run it with --contenders naive,batchagent,...
         contenders=("naive", "naive-bounded", "langgraph-batch", "ideal"),
     ),
+    "W4": Workload(
+        id="W4",
+        description=(
+            "4 replicas, N=400, 3 turns (two tool calls, then the answer), 1500-token unique "
+            "task: cache-affinity routing vs a round-robin balancer"
+        ),
+        n=400,
+        turns=3,
+        task_tokens=1500,
+        tool_latency_s=0.8,
+        distinct_keys=None,
+        tool_concurrency=64,
+        replicas=4,
+        time_scale=TIME_SCALE_W4,
+        contenders=("naive", "langgraph-batch", "langgraph-batch-rr", "ideal"),
+    ),
     "W5": Workload(
         id="W5",
         description="N=10,000, 1 turn, no tool, zero-cost server: client CPU per sibling",
@@ -188,6 +211,17 @@ WORKLOADS: dict[str, Workload] = {
         profile="zero",
         time_scale=1.0,
         contenders=("naive", "langgraph-batch"),
+    ),
+    "W6": Workload(
+        id="W6",
+        description="W1 on the SGLang-flavoured emulator (radix cache): prefix warming",
+        n=100,
+        turns=2,
+        tool_latency_s=0.8,
+        distinct_keys=10,
+        tool_concurrency=10,
+        flavor="sglang",
+        time_scale=1.0,
     ),
 }
 
@@ -258,16 +292,24 @@ def make_job(
     *,
     n: int,
     seed: int,
-    llm_url: str,
+    llm_url: str | list[str],
     tool_url: str,
     model: str,
     contender: str,
 ) -> dict[str, Any]:
-    """The JSON job a contender process runs."""
+    """The JSON job a contender process runs.
+
+    `llm_url` is one server or a list of replicas (W4): `llm_urls` holds them
+    all, `llm_url` the first (where single-server code looks).
+    """
+    urls = [llm_url] if isinstance(llm_url, str) else list(llm_url)
     return {
         "workload": wl.id,
         "contender": contender,
-        "llm_url": llm_url,
+        "llm_url": urls[0],
+        "llm_urls": urls,
+        "flavor": wl.flavor,
+        "routing": "round_robin" if contender.endswith("-rr") else None,
         "tool_url": tool_url,
         "model": model,
         "system_prompt": system_prompt(wl, seed),

@@ -108,6 +108,31 @@ async def _get_json(url: str) -> Any:
     return await asyncio.to_thread(fetch)
 
 
+def sum_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counters of several replicas' `/emulator/stats` as one (W4).
+
+    Numbers are summed, except lags (`*lag*`: the worst replica's); anything
+    else is taken from the first replica. `per_replica_requests` lists each
+    replica's request count.
+    """
+    if len(stats) == 1:
+        return dict(stats[0])
+    out: dict[str, Any] = dict(stats[0])
+    for key in stats[0]:
+        values = [s.get(key) for s in stats]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            continue
+        out[key] = max(values) if "lag" in key else sum(values)  # type: ignore[type-var,arg-type]
+    out["per_replica_requests"] = [s.get("requests") for s in stats]
+    return out
+
+
+async def emulator_baseline(job: dict[str, Any]) -> dict[str, Any]:
+    """The emulator counters now, summed over every replica of the job."""
+    urls = job.get("llm_urls") or [job["llm_url"]]
+    return sum_stats([await _get_json(u + "/emulator/stats") for u in urls])
+
+
 Runner = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
@@ -139,7 +164,7 @@ def run_measured(
             except Exception as exc:
                 out["warmup_error"] = f"{type(exc).__name__}: {exc}"[:300]
             rec.clear()
-            out["baseline_emulator"] = await _get_json(job["llm_url"] + "/emulator/stats")
+            out["baseline_emulator"] = await emulator_baseline(job)
             out["baseline_tools"] = await _get_json(job["tool_url"] + "/stats")
             profile_path = os.environ.get("BENCH_PROFILE")
             profiler = None

@@ -21,18 +21,31 @@ class LgbState(TypedDict, total=False):
 
 
 def make_llm(job: dict[str, Any]) -> Any:
-    """BatchedChatModel pointed at the (emulated) vLLM server."""
+    """BatchedChatModel pointed at the (emulated) server, as a user would configure it.
+
+    The URL scheme follows the server (`vllm://` or `sglang://`, where the
+    scheduler's prefix warming is on by default); several replicas (W4) are a
+    host list, `vllm://h1,h2,h3,h4` (an `EndpointPool`, affinity routing by
+    default). The `langgraph-batch-rr` contender passes `routing="round_robin"`
+    through `backend_from_url`.
+    """
+    from langgraph_batch.backends import backend_from_url
     from langgraph_batch.chat_model import BatchedChatModel
 
     extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
-    host = job["llm_url"].split("://", 1)[1].rstrip("/")
+    urls = job.get("llm_urls") or [job["llm_url"]]
+    hosts = ",".join(u.split("://", 1)[1].rstrip("/") for u in urls)
+    url = f"{job.get('flavor') or 'vllm'}://{hosts}"
     options: dict[str, Any] = {}
     if job.get("lgb_options"):
         # Diagnostics only (`--lgb-option`): the reported runs use the defaults.
         options.update(job["lgb_options"])
+    if job.get("routing"):
+        options["backend"] = backend_from_url(url, routing=job["routing"], timeout=600.0)
+    else:
+        options["base_url"] = url
     return BatchedChatModel(
         model=job["model"],
-        base_url=f"vllm://{host}",
         temperature=0.0,
         max_tokens=job["max_tokens"],
         extra_body=extra,
@@ -98,6 +111,8 @@ def main() -> None:
 
     async def teardown() -> None:
         await base.get_scheduler().aclose()
+        if job.get("routing"):
+            await base.backend.aclose()  # passed in, so not the scheduler's to close
         await client.aclose()
 
     emit(run_measured(job, run, teardown=teardown))

@@ -3,6 +3,8 @@
 Written as the LangGraph docs teach it: a conditional edge returns one `Send`
 per task to a node that runs the ReAct subgraph; `naive-bounded` passes
 `max_concurrency` in the run config (held across tool waits, as LangGraph does).
+With several replicas (W4) each call goes to the next replica's URL in turn,
+as a round-robin load balancer in front of them would send it.
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ def _no_tools() -> Any:
     return unreachable
 
 
-def make_llm(job: dict[str, Any]) -> Any:
+def make_llm(job: dict[str, Any], url: str | None = None) -> Any:
     """ChatOpenAI pointed at the (emulated) server, as a user would configure it."""
     from langchain_openai import ChatOpenAI
 
     extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
     return ChatOpenAI(
         model=job["model"],
-        base_url=job["llm_url"].rstrip("/") + "/v1",
+        base_url=(url or job["llm_url"]).rstrip("/") + "/v1",
         api_key="x",  # type: ignore[arg-type]
         temperature=0.0,
         max_tokens=job["max_tokens"],
@@ -62,6 +64,22 @@ def make_llm(job: dict[str, Any]) -> Any:
         max_retries=2,
         extra_body=extra,
     )
+
+
+def round_robin(llms: list[Any]) -> Any:
+    """One model over several replicas, each call to the next one (a plain load balancer)."""
+    if len(llms) == 1:
+        return llms[0]
+    import itertools
+
+    from langchain_core.runnables import RunnableLambda
+
+    counter = itertools.count()
+
+    async def balanced(messages: Any) -> Any:
+        return await llms[next(counter) % len(llms)].ainvoke(messages)
+
+    return RunnableLambda(balanced, name="round_robin")
 
 
 def main() -> None:
@@ -72,7 +90,8 @@ def main() -> None:
 
     async def run(job: dict[str, Any]) -> None:
         tools = make_tools(job, client)
-        llm = bind(make_llm(job), tools, job)
+        urls = job.get("llm_urls") or [job["llm_url"]]
+        llm = round_robin([bind(make_llm(job, u), tools, job) for u in urls])
         graph = build(job, llm, tools)
         config: dict[str, Any] = {"recursion_limit": 10_000}
         if job.get("max_concurrency"):
