@@ -49,9 +49,10 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from langgraph_batch.backends.base import EngineMetrics
+from langgraph_batch.scheduler._config import BatchPolicy, PriorityMode
 
 __all__ = (
     "BatchPolicy",
@@ -62,8 +63,6 @@ __all__ = (
     "PriorityMode",
 )
 
-PriorityMode = Literal["depth_first", "las", "fifo"]
-_PRIORITY_MODES: tuple[str, ...] = ("depth_first", "las", "fifo")
 
 # Item states (plain ints: compared on the hot path).
 QUEUED = 0
@@ -73,211 +72,12 @@ WITHDRAWN = 3
 NEW = 4
 HELD = 5
 
-PrefixWarming = Literal["auto", "on", "off"]
-_PREFIX_WARMING: tuple[str, ...] = ("auto", "on", "off")
 
 # Remember this many warm prefix keys (least recently used forgotten first).
 _WARM_MEMORY = 4096
 
 # Remember attained service for this many siblings (oldest forgotten first).
 _LAS_MEMORY = 100_000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BatchPolicy:
-    """How a `Scheduler` queues, admits, batches and retries requests.
-
-    Every field has a working default; the ones most worth tuning are
-    `max_inflight` (engine load) and `priority`.
-
-    The in-flight limit: without engine metrics (a plain OpenAI-compatible
-    server) it is `max_inflight`, lowered temporarily after 429/503. With
-    engine metrics (vLLM, SGLang) it starts at `initial_inflight` (default
-    `max_inflight`) and adapts between `min_inflight` and `hard_cap`
-    (`inflight_cap`, default 4 x `max_inflight`). To promise a server "never
-    more than N", set `inflight_cap=N` (and `max_inflight <= N`).
-
-    Example:
-        ```python
-        from langgraph_batch.scheduler import BatchPolicy, Scheduler
-
-        policy = BatchPolicy(max_inflight=128, priority="las", max_retries=3)
-        scheduler = Scheduler(backend, policy=policy, name="main")
-        ```
-
-    Raises:
-        ValueError: a field is out of range (the message names it).
-    """
-
-    max_inflight: int = 64
-    """The base limit: without engine metrics, the limit (and its ceiling);
-    with them, the starting limit unless `initial_inflight` is set."""
-    min_inflight: int = 1
-    """Floor the adaptive limit never shrinks below."""
-    inflight_cap: int | None = None
-    """Hard cap: never more requests on the wire than this (None: 4 x
-    `max_inflight`). The limit grows towards it only on engine metrics."""
-    initial_inflight: int | None = None
-    """With engine metrics: the limit at start, between `min_inflight` and the
-    hard cap (None: `max_inflight`). Ignored without metrics."""
-    adaptive: bool = True
-    """Adapt the limit. False: exactly `max_inflight` slots, always."""
-    slow_start: bool = True
-    """With engine metrics: double the limit per sample while the engine has no
-    queue and we are limit-bound, until the first 429/503/preemption; then grow
-    by `increase_step` (AIMD). False: always `increase_step`."""
-    increase_step: float = 4.0
-    """Slots added per metrics sample that shows the server has no queue while
-    we are limit-bound (after slow start)."""
-    kv_tokens_per_request: int | None = 4096
-    """With engine metrics: KV-cache tokens one request is expected to hold.
-    The first sample reporting `kv_capacity_tokens` raises the starting limit to
-    capacity / this (clamped to the hard cap) during slow start (None: off)."""
-    decrease_factor: float = 0.7
-    """Multiplier applied on 429/503/preemption (0 < f < 1)."""
-    adapt_cooldown_s: float = 1.0
-    """At most one decrease per this many seconds (one burst of 429s = one decrease)."""
-    metrics_interval_s: float = 0.5
-    """How often the runner polls `backend.metrics()` (when the backend has metrics)."""
-    priority: PriorityMode = "depth_first"
-    """`depth_first` (more turns done goes first), `las` (least attained service
-    per sibling first, Autellix) or `fifo`. FIFO among equals in every mode."""
-    batch_window_s: float = 0.002
-    """How long batchable requests are collected before going out together (0: off)."""
-    max_batch_size: int = 64
-    """Most requests in one `complete_batch` call (1: batching off)."""
-    max_retries: int = 2
-    """Retries of a retryable error (a request runs at most 1 + max_retries times)."""
-    backoff_base_s: float = 0.25
-    """First retry's backoff ceiling; doubles per attempt (full jitter)."""
-    backoff_max_s: float = 8.0
-    """Largest backoff ceiling (Retry-After from the server may exceed it)."""
-    timeout: float | None = None
-    """Default per-request timeout, queue wait included (None: no limit)."""
-    stats_window: int = 10_000
-    """Latency samples kept for the percentiles in `SchedulerStats`."""
-    prefix_warming: PrefixWarming = "auto"
-    """Send the first request of a new shared prefix (system prompt + tools)
-    alone and hold its siblings until its first token arrives: `auto` (only on
-    SGLang, whose radix cache shares a prefix only after the prefill that
-    computed it), `on` or `off`. See `warms_prefixes`."""
-    warm_ttl_s: float = 60.0
-    """A warm prefix not used for this long is warmed again (the server's
-    cache may have evicted it)."""
-
-    def __post_init__(self) -> None:
-        _check_int("max_inflight", self.max_inflight, 1)
-        _check_int("min_inflight", self.min_inflight, 1)
-        if self.min_inflight > self.max_inflight:
-            raise ValueError(
-                f"min_inflight={self.min_inflight} must be <= max_inflight={self.max_inflight}"
-            )
-        if self.inflight_cap is not None:
-            _check_int("inflight_cap", self.inflight_cap, 1)
-            if self.inflight_cap < self.max_inflight:
-                raise ValueError(
-                    f"inflight_cap={self.inflight_cap} must be >= "
-                    f"max_inflight={self.max_inflight} (or None)"
-                )
-        if self.initial_inflight is not None:
-            _check_int("initial_inflight", self.initial_inflight, 1)
-            if not self.min_inflight <= self.initial_inflight <= self.hard_cap:
-                raise ValueError(
-                    f"initial_inflight={self.initial_inflight} must be between "
-                    f"min_inflight={self.min_inflight} and the hard cap {self.hard_cap} (or None)"
-                )
-        if self.kv_tokens_per_request is not None:
-            _check_int("kv_tokens_per_request", self.kv_tokens_per_request, 1)
-        if not self.increase_step > 0:
-            raise ValueError(f"increase_step={self.increase_step!r} must be > 0")
-        if not 0 < self.decrease_factor < 1:
-            raise ValueError(f"decrease_factor={self.decrease_factor!r} must be in (0, 1)")
-        if not self.adapt_cooldown_s >= 0:
-            raise ValueError(f"adapt_cooldown_s={self.adapt_cooldown_s!r} must be >= 0")
-        if not self.metrics_interval_s > 0:
-            raise ValueError(f"metrics_interval_s={self.metrics_interval_s!r} must be > 0")
-        if self.priority not in _PRIORITY_MODES:
-            raise ValueError(
-                f"priority={self.priority!r} is not one of {', '.join(_PRIORITY_MODES)}"
-            )
-        if not self.batch_window_s >= 0:
-            raise ValueError(f"batch_window_s={self.batch_window_s!r} must be >= 0")
-        _check_int("max_batch_size", self.max_batch_size, 1)
-        _check_int("max_retries", self.max_retries, 0)
-        if not self.backoff_base_s >= 0:
-            raise ValueError(f"backoff_base_s={self.backoff_base_s!r} must be >= 0")
-        if not self.backoff_max_s >= self.backoff_base_s:
-            raise ValueError(
-                f"backoff_max_s={self.backoff_max_s!r} must be >= "
-                f"backoff_base_s={self.backoff_base_s!r}"
-            )
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"timeout={self.timeout!r} must be > 0 seconds (or None)")
-        _check_int("stats_window", self.stats_window, 1)
-        if self.prefix_warming not in _PREFIX_WARMING:
-            raise ValueError(
-                f"prefix_warming={self.prefix_warming!r} is not one of {', '.join(_PREFIX_WARMING)}"
-            )
-        if not self.warm_ttl_s > 0:
-            raise ValueError(f"warm_ttl_s={self.warm_ttl_s!r} must be > 0")
-
-    def warms_prefixes(self, flavor: str) -> bool:
-        """Whether prefix warming is on for a backend of this flavour.
-
-        Args:
-            flavor: `BackendCapabilities.flavor` ("openai", "vllm", "sglang").
-
-        Returns:
-            True for `on`; for `auto`, True only on `sglang` (vLLM V1 shares a
-            prefix among requests scheduled in the same step, so holding
-            siblings back would only add latency there).
-
-        Example:
-            ```python
-            assert BatchPolicy().warms_prefixes("sglang")
-            assert not BatchPolicy().warms_prefixes("vllm")
-            ```
-        """
-        mode = self.prefix_warming
-        return mode == "on" or (mode == "auto" and flavor == "sglang")
-
-    @property
-    def hard_cap(self) -> int:
-        """The most slots the adaptive limit may reach."""
-        if not self.adaptive:
-            return self.max_inflight
-        return self.inflight_cap if self.inflight_cap is not None else 4 * self.max_inflight
-
-    @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> BatchPolicy:
-        """Build a policy from JSON-only configuration (Studio, the SDK).
-
-        Args:
-            config: field names to values; unknown names are an error.
-
-        Returns:
-            The policy.
-
-        Raises:
-            ValueError: an unknown field or a bad value.
-
-        Example:
-            ```python
-            BatchPolicy.from_dict({"max_inflight": 32, "priority": "fifo"})
-            ```
-        """
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown BatchPolicy field(s) {unknown}; known fields: {sorted(known)}"
-            )
-        return cls(**config)
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
 
 
 class Outcome(enum.Enum):

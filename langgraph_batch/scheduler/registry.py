@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from langgraph_batch.backends.base import Backend
-from langgraph_batch.scheduler._policy import BatchPolicy
+from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._runner import Scheduler, SchedulerState
 
 __all__ = (
