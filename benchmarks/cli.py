@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=None,
         help="emulated seconds per wall second, e.g. 4 runs 4x faster (default: the workload's)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="emulated server replicas, one process each (default: the workload's; W4: 4)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument(
@@ -351,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")
         return 2
+    if args.replicas is not None and args.replicas < 1:
+        log("--replicas must be >= 1")
+        return 2
     if args.time_scale is not None and args.time_scale <= 0:
         log("--time-scale must be > 0")
         return 2
@@ -365,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     for wid in ids:
         wl = WORKLOADS[wid]
+        if args.replicas is not None:
+            wl = replace(wl, replicas=args.replicas)
         result = run_workload(
             wl,
             n=args.n or wl.n,

@@ -34,6 +34,13 @@ METRIC_KEYS = (
 )
 
 
+#: Workloads whose point is the prefill the server computes, and why.
+PREFILL_WORKLOADS = {
+    "W4": "cache-affinity routing vs round robin over 4 replicas",
+    "W6": "what prefix warming saves on SGLang's radix cache",
+}
+
+
 def _num(entry: Mapping[str, Any] | None, key: str) -> float | None:
     if not entry or entry.get("error"):
         return None
@@ -52,7 +59,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def ratios(contenders: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Each contender's makespan/p95 relative to langgraph-batch, and lgb relative to ideal."""
+    """Each contender's makespan, p95 and prefill tokens computed relative to langgraph-batch.
+
+    Plus langgraph-batch's makespan relative to ideal. The ideal entry's prefill
+    figure is `prefill_tokens` (the bound's own count), so its prefill ratio is None.
+    """
     lgb = contenders.get(LGB)
     out: dict[str, Any] = {}
     for name, entry in contenders.items():
@@ -61,6 +72,10 @@ def ratios(contenders: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         out[f"{name}/{LGB}"] = {
             "makespan": _ratio(_num(entry, "makespan_s"), _num(lgb, "makespan_s")),
             "latency_p95": _ratio(_num(entry, "latency_p95_s"), _num(lgb, "latency_p95_s")),
+            # W4 (affinity vs round robin) and W6 (prefix warming) are about this one.
+            "prefill_tokens_computed": _ratio(
+                _num(entry, "prefill_tokens_computed"), _num(lgb, "prefill_tokens_computed")
+            ),
         }
     if "ideal" in contenders:
         out[f"{LGB}/ideal"] = {
@@ -239,6 +254,19 @@ def markdown(result: Mapping[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    if wl in PREFILL_WORKLOADS and _num(lgb, "prefill_tokens_computed"):
+        mine = _num(lgb, "prefill_tokens_computed")
+        parts = [
+            f"{name} {_fmt(_ratio(_num(e, 'prefill_tokens_computed'), mine))}x"
+            for name, e in contenders.items()
+            if name not in (LGB, "ideal") and _num(e, "prefill_tokens_computed") is not None
+        ]
+        if parts:
+            lines.append(
+                f"Prefill tokens computed, relative to langgraph-batch "
+                f"({PREFILL_WORKLOADS[wl]}): " + ", ".join(parts) + "."
+            )
+            lines.append("")
     goal_list = result.get("goals") or []
     if goal_list:
         lines.append("Goals (langgraph-batch):")
@@ -276,6 +304,7 @@ def chart(result: Mapping[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     palette = {
         LGB: "#2a9d8f",
+        "langgraph-batch-rr": "#76c7bd",
         "ideal": "#adb5bd",
         "naive": "#e76f51",
         "naive-bounded": "#f4a261",

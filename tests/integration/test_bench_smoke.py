@@ -76,3 +76,79 @@ def test_bench_w2_small_writes_json_table_and_chart(tmp_path: Path) -> None:
     assert contenders["ideal"]["makespan_s"] > 0
     assert (tmp_path / "W2.md").read_text().startswith("### W2")
     assert (tmp_path / "W2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _bench(tmp_path: Path, *args: str, timeout: float) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "langgraph_batch.cli", "bench", *args, "--out", str(tmp_path)]
+    env = dict(os.environ, LANGSMITH_TRACING="false")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data: dict[str, object] = json.loads((tmp_path / f"{args[0]}.json").read_text())
+    return data
+
+
+@pytest.mark.timeout(60)
+def test_bench_w6_small_runs_on_the_sglang_emulator(tmp_path: Path) -> None:
+    data = _bench(
+        tmp_path,
+        "W6",
+        "--n",
+        "4",
+        "--contenders",
+        "naive,langgraph-batch",
+        "--time-scale",
+        "20",
+        timeout=50,
+    )
+    params = data["params"]
+    assert isinstance(params, dict)
+    assert params["flavor"] == "sglang"
+    contenders = data["contenders"]
+    assert isinstance(contenders, dict)
+    for name in ("naive", "langgraph-batch"):
+        entry = contenders[name]
+        assert "error" not in entry, entry
+        assert entry["failures"] == 0, entry["errors"]
+        assert entry["llm_requests"] == 8
+        assert 0 < entry["prefill_tokens_computed"] <= entry["prompt_tokens"]
+    ratios = data["ratios"]
+    assert isinstance(ratios, dict)
+    assert ratios["naive/langgraph-batch"]["prefill_tokens_computed"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_bench_w4_small_sums_counters_over_replicas(tmp_path: Path) -> None:
+    data = _bench(
+        tmp_path,
+        "W4",
+        "--n",
+        "8",
+        "--replicas",
+        "2",
+        "--contenders",
+        "naive,langgraph-batch,langgraph-batch-rr,ideal",
+        "--time-scale",
+        "20",
+        timeout=55,
+    )
+    params = data["params"]
+    assert isinstance(params, dict)
+    assert params["replicas"] == 2
+    contenders = data["contenders"]
+    assert isinstance(contenders, dict)
+    for name in ("naive", "langgraph-batch", "langgraph-batch-rr"):
+        entry = contenders[name]
+        assert "error" not in entry, entry
+        assert entry["failures"] == 0, entry["errors"]
+        # 3 turns per sibling, counted over both replicas.
+        assert entry["llm_requests"] == 24
+        per_replica = entry["requests_per_replica"]
+        assert len(per_replica) == 2
+        assert sum(per_replica) >= 24  # plus the one-sibling warm-up
+        assert 0 < entry["prefill_tokens_computed"] <= entry["prompt_tokens"]
+    # Round robin scatters each sibling's turns: it recomputes more prefix than affinity.
+    assert (
+        contenders["langgraph-batch-rr"]["prefill_tokens_computed"]
+        > contenders["langgraph-batch"]["prefill_tokens_computed"]
+    )
+    assert contenders["ideal"]["replicas"] == 2
