@@ -5,6 +5,12 @@ The base of the vLLM and SGLang backends. Speaks `/v1/chat/completions`
 requests that carry a raw `params["prompt"]`, `/v1/models` and `/health`.
 Per-request work is kept small: the body is serialised once with `json.dumps`,
 responses are read with `json.loads` on bytes, and no models are validated.
+
+Requests are spread over several small `httpx.AsyncClient`s (`_ClientShards`):
+httpcore's pool does O(requests x connections) bookkeeping on every request
+event, so one client with hundreds of requests in flight spends most of the
+process's CPU there. Shards of at most `SHARD_CONNECTIONS` connections keep that
+cost flat; together they never hold more than `limits.max_connections`.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from langgraph_batch.errors import (
     BackendTimeoutError,
 )
 
-__all__ = ("OpenAICompatibleBackend", "normalize_base_url")
+__all__ = ("SHARD_CONNECTIONS", "OpenAICompatibleBackend", "normalize_base_url")
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,120 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json
 # Stream events are UTF-8 by the SSE spec: decode and parse without json.loads'
 # encoding detection (a few microseconds per event).
 _decode_json = json.JSONDecoder().decode
+
+
+SHARD_CONNECTIONS = 32
+"""Connections per `httpx.AsyncClient` shard (httpcore's per-event cost grows with its square)."""
+
+
+class _Shard:
+    """One `httpx.AsyncClient`, its connection cap and the requests it carries now."""
+
+    __slots__ = ("capacity", "client", "inflight")
+
+    def __init__(self, client: httpx.AsyncClient, capacity: int | None) -> None:
+        self.client = client
+        self.capacity = capacity
+        self.inflight = 0
+
+
+class _ClientShards:
+    """Small `AsyncClient`s that together respect one set of connection limits.
+
+    Shard `i` gets `min(shard_connections, what is left of max_connections)`
+    connections and a proportional share of the keep-alive connections; shards
+    are created on demand, when every existing one carries as many requests as
+    it has connections. A request takes the least-loaded shard and keeps it for
+    its whole life (`acquire` ... `release`), streams included. Beyond the total
+    limit requests queue in their shard's pool, as they did in a single client.
+
+    Args:
+        make_client: builds a client with the given limits.
+        limits: the limits of all shards together.
+        shard_connections: connections per shard; None: one client, no sharding
+            (a caller-supplied transport does its own pooling).
+    """
+
+    __slots__ = ("_keepalive_left", "_left", "_limits", "_make", "_size", "shards")
+
+    def __init__(
+        self,
+        make_client: Callable[[httpx.Limits], httpx.AsyncClient],
+        limits: httpx.Limits,
+        shard_connections: int | None = SHARD_CONNECTIONS,
+    ) -> None:
+        if shard_connections is not None and shard_connections < 1:
+            raise ValueError(f"shard_connections must be >= 1, got {shard_connections}")
+        self._make = make_client
+        self._limits = limits
+        self._size = shard_connections
+        self._left = limits.max_connections
+        self._keepalive_left = limits.max_keepalive_connections
+        self.shards: list[_Shard] = []
+        self._add()
+
+    def _add(self) -> _Shard:
+        limits = self._limits
+        total = limits.max_connections
+        if self._size is None or (total is not None and total <= self._size):
+            capacity, shard_limits = total, limits
+            self._left = 0
+            self._keepalive_left = 0
+        else:
+            capacity = self._size if self._left is None else min(self._size, self._left)
+            keepalive: int | None = None
+            if self._keepalive_left is not None:
+                share = (
+                    capacity
+                    if total is None
+                    else max(1, limits.max_keepalive_connections * capacity // total)  # type: ignore[operator]
+                )
+                keepalive = min(capacity, share, self._keepalive_left)
+                self._keepalive_left -= keepalive
+            if self._left is not None:
+                self._left -= capacity
+            shard_limits = httpx.Limits(
+                max_connections=capacity,
+                max_keepalive_connections=keepalive,
+                keepalive_expiry=limits.keepalive_expiry,
+            )
+        shard = _Shard(self._make(shard_limits), capacity)
+        self.shards.append(shard)
+        return shard
+
+    @property
+    def primary(self) -> httpx.AsyncClient:
+        """The first client (for the occasional GET)."""
+        return self.shards[0].client
+
+    def acquire(self) -> _Shard:
+        """The shard for one request (call `release` when it is done)."""
+        shards = self.shards
+        best = shards[0]
+        if len(shards) > 1:
+            for shard in shards:
+                if shard.inflight < best.inflight:
+                    best = shard
+        cap = best.capacity
+        if (
+            cap is not None
+            and best.inflight >= cap
+            and self._size is not None
+            and (self._left is None or self._left > 0)
+        ):
+            best = self._add()
+        best.inflight += 1
+        return best
+
+    @staticmethod
+    def release(shard: _Shard) -> None:
+        """The request on `shard` is over (its connection is back in the pool)."""
+        shard.inflight -= 1
+
+    async def aclose(self) -> None:
+        """Close every client (their open streams too)."""
+        for shard in self.shards:
+            await shard.client.aclose()
 
 
 def normalize_base_url(url: str) -> str:
@@ -108,7 +228,9 @@ class OpenAICompatibleBackend(Backend):
         timeout: read/write timeout per call, seconds (None: no limit). A request's
             own `timeout` overrides it.
         connect_timeout: connect timeout, seconds.
-        limits: connection pool limits (default: 1024 connections, keep-alive).
+        limits: connection pool limits of all the backend's clients together
+            (default: 1024 connections, keep-alive); spread over clients of at most
+            `SHARD_CONNECTIONS` connections each.
         headers: extra headers sent with every request.
         transport: an `httpx` transport (tests pass `httpx.MockTransport`).
 
@@ -137,13 +259,17 @@ class OpenAICompatibleBackend(Backend):
             client_headers.update(headers)
         if api_key:
             client_headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            timeout=make_timeout(timeout, connect_timeout=connect_timeout),
-            limits=limits or DEFAULT_LIMITS,
-            headers=client_headers,
-            transport=transport,
-            follow_redirects=False,
+        self._client_headers = client_headers
+        self._client_timeout = make_timeout(timeout, connect_timeout=connect_timeout)
+        self._transport = transport
+        # One TLS context for all shards (building one costs ~50 ms of CPU).
+        self._ssl_context: Any = None
+        self._shards = _ClientShards(
+            self._new_client,
+            limits or DEFAULT_LIMITS,
+            None if transport is not None else SHARD_CONNECTIONS,
         )
+        self._client = self._shards.primary
         self._closed = False
         api = self.base_url + "/v1"
         self._chat_url = httpx.URL(api + "/chat/completions")
@@ -155,6 +281,19 @@ class OpenAICompatibleBackend(Backend):
         return f"{type(self).__name__}({self.base_url!r})"
 
     # ------------------------------------------------------------------ hooks for subclasses
+
+    def _new_client(self, limits: httpx.Limits) -> httpx.AsyncClient:
+        """Build one client shard with `limits` (tests override it)."""
+        if self._transport is None and self._ssl_context is None:
+            self._ssl_context = httpx.create_ssl_context()
+        return httpx.AsyncClient(
+            timeout=self._client_timeout,
+            limits=limits,
+            headers=self._client_headers,
+            transport=self._transport,
+            follow_redirects=False,
+            verify=self._ssl_context if self._transport is None else True,
+        )
 
     def _extend_body(self, body: dict[str, Any], request: ChatRequest) -> None:
         """Add server-specific fields (priority, request id) to a request body."""
@@ -252,12 +391,18 @@ class OpenAICompatibleBackend(Backend):
     async def _send(self, url: httpx.URL, payload: bytes, request: ChatRequest) -> httpx.Response:
         """POST a JSON body; transport errors mapped, HTTP errors returned as they are."""
         timeout = self._timeout_for(request)
-        with map_transport_errors(
-            url, request_id=request.request_id or None, read_timeout=request.timeout or self.timeout
-        ):
-            return await self._client.post(
-                url, content=payload, headers=self._request_headers(request), timeout=timeout
-            )
+        shard = self._shards.acquire()
+        try:
+            with map_transport_errors(
+                url,
+                request_id=request.request_id or None,
+                read_timeout=request.timeout or self.timeout,
+            ):
+                return await shard.client.post(
+                    url, content=payload, headers=self._request_headers(request), timeout=timeout
+                )
+        finally:
+            shard.inflight -= 1
 
     def _decode(self, response: httpx.Response, url: httpx.URL, request: ChatRequest) -> Any:
         rid = request.request_id or None
@@ -310,44 +455,49 @@ class OpenAICompatibleBackend(Backend):
         decoder = SSEDecoder()
         done = False
         read_timeout = request.timeout or self.timeout
-        # `async with` closes the connection on any exit, cancellation included, so
-        # the server sees the disconnect and aborts the generation.
-        with map_transport_errors(url, request_id=rid, read_timeout=read_timeout):
-            async with self._client.stream(
-                "POST",
-                url,
-                content=payload,
-                headers=self._request_headers(request),
-                timeout=self._timeout_for(request),
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise await self._error(response, url, request)
-                try:
-                    async for raw in response.aiter_bytes():
-                        for data in decoder.feed(raw):
-                            if data == b"[DONE]":
-                                done = True
+        # The request keeps its shard until the stream is closed.
+        shard = self._shards.acquire()
+        try:
+            # `async with` closes the connection on any exit, cancellation included, so
+            # the server sees the disconnect and aborts the generation.
+            with map_transport_errors(url, request_id=rid, read_timeout=read_timeout):
+                async with shard.client.stream(
+                    "POST",
+                    url,
+                    content=payload,
+                    headers=self._request_headers(request),
+                    timeout=self._timeout_for(request),
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise await self._error(response, url, request)
+                    try:
+                        async for raw in response.aiter_bytes():
+                            for data in decoder.feed(raw):
+                                if data == b"[DONE]":
+                                    done = True
+                                    break
+                                self._on_event(data, acc, on_chunk, url, rid)
+                            if done:
                                 break
-                            self._on_event(data, acc, on_chunk, url, rid)
-                        if done:
-                            break
-                except httpx.TimeoutException as exc:
-                    raise BackendTimeoutError(
-                        f"{url} stopped sending for {read_timeout} s after "
-                        f"{acc.chunks} chunks: raise `timeout=` or lower the load",
-                        url=str(url),
-                        request_id=rid,
-                    ) from exc
-                except httpx.TransportError as exc:
-                    raise BackendStreamError(
-                        f"the connection to {url} dropped mid-stream after {acc.chunks} "
-                        f"chunks ({type(exc).__name__}: {exc}); the server restarted or "
-                        "a proxy cut the stream",
-                        chunks_received=acc.chunks,
-                        url=str(url),
-                        request_id=rid,
-                    ) from exc
+                    except httpx.TimeoutException as exc:
+                        raise BackendTimeoutError(
+                            f"{url} stopped sending for {read_timeout} s after "
+                            f"{acc.chunks} chunks: raise `timeout=` or lower the load",
+                            url=str(url),
+                            request_id=rid,
+                        ) from exc
+                    except httpx.TransportError as exc:
+                        raise BackendStreamError(
+                            f"the connection to {url} dropped mid-stream after {acc.chunks} "
+                            f"chunks ({type(exc).__name__}: {exc}); the server restarted or "
+                            "a proxy cut the stream",
+                            chunks_received=acc.chunks,
+                            url=str(url),
+                            request_id=rid,
+                        ) from exc
+        finally:
+            shard.inflight -= 1
         if not done:
             for data in decoder.flush():
                 if data == b"[DONE]":
@@ -442,7 +592,7 @@ class OpenAICompatibleBackend(Backend):
         return response.status_code == 200
 
     async def aclose(self) -> None:
-        """Close the HTTP client (open streams are closed). Idempotent."""
+        """Close the HTTP clients (open streams are closed). Idempotent."""
         if not self._closed:
             self._closed = True
-            await self._client.aclose()
+            await self._shards.aclose()
