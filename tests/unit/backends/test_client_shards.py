@@ -83,7 +83,8 @@ async def wait_until(predicate: Any) -> None:
 
 async def test_shards_respect_the_total_connection_limit() -> None:
     gate = Gate()
-    limits = httpx.Limits(max_connections=80, max_keepalive_connections=40)
+    total = 2 * SHARD_CONNECTIONS + SHARD_CONNECTIONS // 2
+    limits = httpx.Limits(max_connections=total, max_keepalive_connections=total // 2)
     backend = ShardProbe(gate, limits=limits)
     results: list[str | None] = []
 
@@ -95,13 +96,17 @@ async def test_shards_respect_the_total_connection_limit() -> None:
             tg.start_soon(one, i)
         await wait_until(lambda: gate.waiting == 200)
         # Only as many shards as the limit allows, and their limits add up to it.
-        assert [lim.max_connections for lim in backend.made] == [SHARD_CONNECTIONS] * 2 + [16]
-        assert sum(lim.max_connections or 0 for lim in backend.made) == 80
-        assert sum(lim.max_keepalive_connections or 0 for lim in backend.made) <= 40
+        assert [lim.max_connections for lim in backend.made] == [SHARD_CONNECTIONS] * 2 + [
+            SHARD_CONNECTIONS // 2
+        ]
+        assert sum(lim.max_connections or 0 for lim in backend.made) == total
+        assert sum(lim.max_keepalive_connections or 0 for lim in backend.made) <= total // 2
         assert all(lim.max_keepalive_connections for lim in backend.made)
         loads = [s.inflight for s in backend._shards.shards]
         assert sum(loads) == 200
-        assert max(loads) - min(loads) <= 1 + SHARD_CONNECTIONS - 16  # least-loaded first
+        assert (
+            max(loads) - min(loads) <= 1 + SHARD_CONNECTIONS - SHARD_CONNECTIONS // 2
+        )  # least-loaded first
         gate.open.set()
     assert results == ["ok"] * 200
     assert [s.inflight for s in backend._shards.shards] == [0, 0, 0]
@@ -112,7 +117,7 @@ async def test_shards_are_created_on_demand_only() -> None:
     gate = Gate()
     gate.open.set()
     async with ShardProbe(gate) as backend:
-        for i in range(100):  # one at a time: one client is enough
+        for i in range(3 * SHARD_CONNECTIONS):  # one at a time: one client is enough
             await backend.chat(req(f"r{i}"))
         assert len(backend.made) == 1
         assert backend.made[0].max_connections == SHARD_CONNECTIONS
@@ -120,7 +125,7 @@ async def test_shards_are_created_on_demand_only() -> None:
 
 async def test_streamed_request_keeps_its_client() -> None:
     gate = Gate()
-    backend = ShardProbe(gate, limits=httpx.Limits(max_connections=64))
+    backend = ShardProbe(gate, limits=httpx.Limits(max_connections=2 * SHARD_CONNECTIONS))
     first_chunk: set[str] = set()
     results: dict[str, str | None] = {}
 
@@ -165,7 +170,7 @@ def test_small_or_unlimited_totals() -> None:
         made.append(limits)
         return httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
 
-    small = httpx.Limits(max_connections=8, max_keepalive_connections=4)
+    small = httpx.Limits(max_connections=SHARD_CONNECTIONS, max_keepalive_connections=4)
     shards = _ClientShards(make, small)
     for _ in range(20):
         shards.acquire()
