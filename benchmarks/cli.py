@@ -247,7 +247,7 @@ def run_workload(
             if lgb_options:
                 job["lgb_options"] = lgb_options
             t0 = time.monotonic()
-            client, error, trace = run_contender(
+            client, error, samples = run_contender(
                 name, job, timeout=timeout, trace_urls=urls if trace else None
             )
             wall = time.monotonic() - t0
@@ -272,7 +272,7 @@ def run_workload(
                 # Raw per-replica counts (the contender's one-sibling warm-up included).
                 entry["requests_per_replica"] = stats.get("per_replica_requests")
             if trace:
-                entry["server_trace"] = trace
+                entry["server_trace"] = samples
             else:
                 entry.pop("events", None)  # the per-sibling timeline only with --trace
             results[name] = entry

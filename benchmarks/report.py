@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -356,7 +356,7 @@ def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def summary_markdown(results: list[Mapping[str, Any]], command: str, date: str) -> str:
+def summary_markdown(results: Sequence[Mapping[str, Any]], command: str, date: str) -> str:
     """The combined table for README: one section per workload plus the goals."""
     parts = [f"Measured {date} with `{command}` on the emulated server (not a GPU).", ""]
     parts += [markdown(r) for r in results]

@@ -122,7 +122,7 @@ def sum_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
         values = [s.get(key) for s in stats]
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
             continue
-        out[key] = max(values) if "lag" in key else sum(values)  # type: ignore[type-var,arg-type]
+        out[key] = max(values) if "lag" in key else sum(values)  # type: ignore[type-var]
     out["per_replica_requests"] = [s.get("requests") for s in stats]
     return out
 

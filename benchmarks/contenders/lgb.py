@@ -44,7 +44,7 @@ def make_llm(job: dict[str, Any]) -> Any:
         options["backend"] = backend_from_url(url, routing=job["routing"], timeout=600.0)
     else:
         options["base_url"] = url
-    return BatchedChatModel(
+    return BatchedChatModel(  # type: ignore[call-arg]  # pydantic fields mypy sees as aliases
         model=job["model"],
         temperature=0.0,
         max_tokens=job["max_tokens"],

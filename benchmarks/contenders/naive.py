@@ -36,7 +36,7 @@ def build(job: dict[str, Any], llm: Any, tools: list[Any]) -> Any:
         return [Send("agent", {"index": t["index"]}) for t in state["tasks"]]
 
     g = StateGraph(ParentState)
-    g.add_node("agent", run_agent)
+    g.add_node("agent", run_agent)  # type: ignore[type-var]
     g.add_conditional_edges(START, fan, ["agent"])
     g.add_edge("agent", END)
     return g.compile()
@@ -59,7 +59,7 @@ def make_llm(job: dict[str, Any], url: str | None = None) -> Any:
         base_url=(url or job["llm_url"]).rstrip("/") + "/v1",
         api_key="x",  # type: ignore[arg-type]
         temperature=0.0,
-        max_tokens=job["max_tokens"],
+        max_tokens=job["max_tokens"],  # type: ignore[call-arg]
         timeout=600.0,
         max_retries=2,
         extra_body=extra,
