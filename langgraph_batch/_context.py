@@ -55,6 +55,9 @@ class SiblingInfo:
     """LLM calls this sibling has completed (BatchedChatModel increments it)."""
     tools_active: int = 0
     """Tool calls of this sibling running now."""
+    context_tokens: int = 0
+    """Prompt plus completion tokens of the sibling's last completed LLM call: the
+    size of its context (KV working set) now. BatchedChatModel records it."""
     admission: Admission | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -70,6 +70,18 @@ _OMIT_IF_NONE = frozenset({"tool_choice", "parallel_tool_calls", "response_forma
 
 _END = object()
 
+
+def _record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
+    """Note the sibling's context size (its KV working set) after a completed call.
+
+    fan_out's admission gate reads `SiblingInfo.context_tokens` to keep the
+    siblings' resident KV within the server's cache.
+    """
+    usage = response.usage
+    if usage is not None and usage.total_tokens > 0:
+        sibling.context_tokens = usage.prompt_tokens + usage.completion_tokens
+
+
 # Starting in-flight limit of a default policy on a backend with engine metrics.
 _INITIAL_INFLIGHT = 64
 
@@ -477,6 +489,7 @@ class BatchedChatModel(BaseChatModel):
         response = await self._submit(request, turn, sibling)
         if sibling is not None:
             sibling.turn += 1
+            _record_context(sibling, response)
         message = response_to_message(response)
         generation = ChatGeneration(
             message=message,
@@ -526,6 +539,7 @@ class BatchedChatModel(BaseChatModel):
                     await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
         if sibling is not None:
             sibling.turn += 1
+            _record_context(sibling, response)
         yield ChatGenerationChunk(
             message=final_chunk(response),
             generation_info={"finish_reason": response.finish_reason},

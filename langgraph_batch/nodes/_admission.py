@@ -6,6 +6,20 @@ back from a tool (their KV prefix is still cached on the server) are let in
 before fresh siblings, so cached prefixes get reused instead of evicted by
 newcomers.
 
+KV working-set control (optional, `kv_capacity`): a sibling inside a tool
+gives up its ACTIVE place, but its context stays cached on the server. So the
+gate also tracks the RESIDENT siblings (started and not finished, active or
+in a tool) and admits a FRESH sibling only while their estimated KV tokens,
+plus the newcomer's estimate, fit `kv_capacity * kv_headroom`. A sibling
+counts `max(its context_tokens, the estimate)`; the estimate is learned from
+finished siblings (the p90 of their final context sizes; `sibling_tokens`
+before any finished). Returning siblings are never held back by the budget
+(their cached KV is what we want reused), only by `max_active`. A finished
+sibling leaves the resident set (`finish`), which frees budget. When nothing
+is resident a fresh sibling is always admitted, however large its estimate,
+so the gate cannot deadlock. Without an explicit `max_active`, the cap is
+`kv_capacity // estimate` (at least 1), recomputed as the estimate moves.
+
 The gate implements `langgraph_batch._context.Admission`; the tool hooks
 reach it through `SiblingInfo.tool_enter()` / `tool_exit()`.
 """
@@ -13,16 +27,26 @@ reach it through `SiblingInfo.tool_enter()` / `tool_exit()`.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 
 from langgraph_batch._context import SiblingInfo
 
-__all__ = ("AdmissionStats", "SiblingAdmission")
+__all__ = ("DEFAULT_KV_HEADROOM", "AdmissionStats", "SiblingAdmission")
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_KV_HEADROOM = 0.85
+"""Share of the server's KV capacity the resident siblings may fill."""
+
+_DEFAULT_SIBLING_TOKENS = 4096
+_ESTIMATE_QUANTILE = 0.9
+
+_Waiter = tuple[str, "asyncio.Future[None]", SiblingInfo]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,40 +63,77 @@ class AdmissionStats:
     """Siblings back from a tool, waiting for a place."""
     peak_active: int
     """The most siblings that held a place at the same time."""
+    resident: int = 0
+    """Siblings started and not finished (active, waiting to return, or in a tool)."""
+    resident_tokens: int = 0
+    """Their estimated KV tokens (each `max(context_tokens, estimate)`)."""
+    kv_budget: int | None = None
+    """The token budget for resident siblings; None: no budget."""
+    sibling_estimate: int = 0
+    """The current estimate of one sibling's context tokens."""
 
 
 class SiblingAdmission:
     """A gate on ACTIVE siblings with two waiter queues (returning before fresh).
 
     Args:
-        max_active: how many siblings may hold a place at once; None for no cap.
+        max_active: how many siblings may hold a place at once; None for no
+            explicit cap (then `kv_capacity // estimate` when the capacity is
+            known, else unlimited).
+        kv_capacity: the server's KV cache size in tokens; None disables the
+            resident-token budget.
+        kv_headroom: share of `kv_capacity` the resident siblings may fill.
+        sibling_tokens: the context estimate of one sibling before any has
+            finished.
 
     Raises:
-        ValueError: if `max_active` is not a positive integer or None.
+        ValueError: for a `max_active`, `kv_capacity` or `sibling_tokens` that
+            is not a positive integer (or None where allowed), or a
+            `kv_headroom` outside (0, 1].
 
     Example:
         ```python
-        gate = SiblingAdmission(max_active=8)
+        gate = SiblingAdmission(max_active=8, kv_capacity=440_000)
         await gate.acquire(info, returning=False)
         try:
-            ...  # run the sibling's model nodes
+            ...  # run the sibling's model nodes (tools release/re-acquire)
         finally:
-            gate.release(info)
+            gate.finish(info)
         ```
     """
 
-    def __init__(self, *, max_active: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_active: int | None = None,
+        kv_capacity: int | None = None,
+        kv_headroom: float = DEFAULT_KV_HEADROOM,
+        sibling_tokens: int = _DEFAULT_SIBLING_TOKENS,
+    ) -> None:
         if max_active is not None and (isinstance(max_active, bool) or max_active < 1):
             raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
-        self._max_active = max_active
+        if kv_capacity is not None and (isinstance(kv_capacity, bool) or kv_capacity < 1):
+            raise ValueError(f"kv_capacity must be a positive int or None, got {kv_capacity!r}")
+        if not 0.0 < kv_headroom <= 1.0:
+            raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
+        if isinstance(sibling_tokens, bool) or sibling_tokens < 1:
+            raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
+        self._fixed_max = max_active
+        self._capacity = kv_capacity
+        self._budget = None if kv_capacity is None else max(1, int(kv_capacity * kv_headroom))
+        self._base_estimate = sibling_tokens
+        self._observed: list[int] = []
+        self._estimate = sibling_tokens
+        self._max_active = self._derive_max_active()
         self._holders: set[str] = set()
-        self._fresh: collections.deque[tuple[str, asyncio.Future[None]]] = collections.deque()
-        self._returning: collections.deque[tuple[str, asyncio.Future[None]]] = collections.deque()
+        self._resident: dict[str, SiblingInfo] = {}
+        self._fresh: collections.deque[_Waiter] = collections.deque()
+        self._returning: collections.deque[_Waiter] = collections.deque()
         self._peak = 0
 
     @property
     def max_active(self) -> int | None:
-        """The cap on active siblings (None: unlimited)."""
+        """The cap on active siblings now (None: unlimited)."""
         return self._max_active
 
     @property
@@ -80,33 +141,81 @@ class SiblingAdmission:
         """How many siblings hold a place now."""
         return len(self._holders)
 
+    @property
+    def sibling_estimate(self) -> int:
+        """The current estimate of one sibling's context tokens."""
+        return self._estimate
+
+    @property
+    def kv_budget(self) -> int | None:
+        """The token budget for resident siblings (None: no budget)."""
+        return self._budget
+
     def holds(self, sibling: SiblingInfo) -> bool:
         """Whether `sibling` holds a place now."""
         return sibling.sibling_id in self._holders
+
+    def is_resident(self, sibling: SiblingInfo) -> bool:
+        """Whether `sibling` started and has not finished."""
+        return sibling.sibling_id in self._resident
+
+    def resident_tokens(self) -> int:
+        """Estimated KV tokens of the resident siblings."""
+        est = self._estimate
+        return sum(max(s.context_tokens, est) for s in self._resident.values())
+
+    def observe(self, context_tokens: int) -> None:
+        """Learn from one finished sibling's final context size (0 or less is ignored)."""
+        if context_tokens <= 0:
+            return
+        bisect.insort(self._observed, context_tokens)
+        rank = max(0, math.ceil(_ESTIMATE_QUANTILE * len(self._observed)) - 1)
+        self._estimate = max(1, self._observed[rank])
+        self._max_active = self._derive_max_active()
 
     def stats(self) -> AdmissionStats:
         """A snapshot of the gate's counters."""
         return AdmissionStats(
             max_active=self._max_active,
             active=len(self._holders),
-            waiting_fresh=sum(1 for _, f in self._fresh if not f.done()),
-            waiting_returning=sum(1 for _, f in self._returning if not f.done()),
+            waiting_fresh=sum(1 for _, f, _s in self._fresh if not f.done()),
+            waiting_returning=sum(1 for _, f, _s in self._returning if not f.done()),
             peak_active=self._peak,
+            resident=len(self._resident),
+            resident_tokens=self.resident_tokens(),
+            kv_budget=self._budget,
+            sibling_estimate=self._estimate,
         )
+
+    def _derive_max_active(self) -> int | None:
+        if self._fixed_max is not None:
+            return self._fixed_max
+        if self._capacity is None:
+            return None
+        return max(1, self._capacity // self._estimate)
 
     def _has_room(self) -> bool:
         return self._max_active is None or len(self._holders) < self._max_active
 
-    def _grant(self, sibling_id: str) -> None:
+    def _fits_fresh(self) -> bool:
+        """Whether one more fresh sibling fits the resident-token budget."""
+        if self._budget is None or not self._resident:
+            return True
+        return self.resident_tokens() + self._estimate <= self._budget
+
+    def _grant(self, sibling_id: str, sibling: SiblingInfo | None) -> None:
         self._holders.add(sibling_id)
+        if sibling is not None:
+            self._resident[sibling_id] = sibling
         self._peak = max(self._peak, len(self._holders))
 
     async def acquire(self, sibling: SiblingInfo, *, returning: bool) -> None:
         """Wait for an active place.
 
         Returning siblings overtake fresh ones; within each queue it is first
-        come, first served. Cancelling the wait withdraws it (a place granted
-        at the same moment is passed on to the next waiter).
+        come, first served. A fresh sibling also waits for room in the
+        resident-token budget. Cancelling the wait withdraws it (a place
+        granted at the same moment is passed on to the next waiter).
 
         Args:
             sibling: the sibling asking.
@@ -115,22 +224,26 @@ class SiblingAdmission:
         sid = sibling.sibling_id
         if sid in self._holders:
             return
+        fresh = not returning and sid not in self._resident
         # A fresh sibling also queues behind returning ones, so that a free
         # place always goes to whoever comes back from a tool first.
         blocked = bool(self._returning) or (not returning and bool(self._fresh))
-        if self._has_room() and not blocked:
-            self._grant(sid)
+        if self._has_room() and not blocked and (not fresh or self._fits_fresh()):
+            self._grant(sid, sibling)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue = self._returning if returning else self._fresh
-        entry = (sid, fut)
+        entry: _Waiter = (sid, fut, sibling)
         queue.append(entry)
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 # Granted just as we were cancelled: hand the place on.
-                self.release(sibling)
+                if fresh:
+                    self.finish(sibling)
+                else:
+                    self.release(sibling)
             else:
                 with contextlib.suppress(ValueError):
                     queue.remove(entry)
@@ -138,11 +251,26 @@ class SiblingAdmission:
             raise
 
     def release(self, sibling: SiblingInfo) -> None:
-        """Give `sibling`'s place back (no-op if it holds none) and admit the next waiter."""
+        """Give `sibling`'s place back (no-op if it holds none) and admit the next waiter.
+
+        The sibling stays resident (its KV is still cached): call `finish`
+        when it is done for good.
+        """
         sid = sibling.sibling_id
         if sid not in self._holders:
             return
         self._holders.discard(sid)
+        self._wake()
+
+    def finish(self, sibling: SiblingInfo) -> None:
+        """`sibling` is done (finished or failed): free its place and its resident tokens.
+
+        Its final context size teaches the estimate.
+        """
+        sid = sibling.sibling_id
+        self._holders.discard(sid)
+        if self._resident.pop(sid, None) is not None:
+            self.observe(sibling.context_tokens)
         self._wake()
 
     def _wake(self) -> None:
@@ -150,14 +278,22 @@ class SiblingAdmission:
             entry = self._pop_waiter()
             if entry is None:
                 return
-            sid, fut = entry
-            self._grant(sid)
+            sid, fut, sibling = entry
+            self._grant(sid, sibling)
             fut.set_result(None)
 
-    def _pop_waiter(self) -> tuple[str, asyncio.Future[None]] | None:
-        for queue in (self._returning, self._fresh):
-            while queue:
-                entry = queue.popleft()
-                if not entry[1].done():
-                    return entry
+    def _pop_waiter(self) -> _Waiter | None:
+        while self._returning:
+            entry = self._returning.popleft()
+            if not entry[1].done():
+                return entry
+        while self._fresh:
+            entry = self._fresh[0]
+            if entry[1].done():
+                self._fresh.popleft()
+                continue
+            if not self._fits_fresh():
+                return None
+            self._fresh.popleft()
+            return entry
         return None

@@ -71,14 +71,14 @@ from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch._loop import background_loop
 from langgraph_batch._progress import fan_out_event
 from langgraph_batch.errors import SiblingFailedError
-from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutNode", "SiblingError", "fan_out")
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SIBLING_TOKENS = 4096
-"""Estimated KV working set of one sibling, used to derive `max_active`."""
+"""Estimated KV working set of one sibling before any has finished (sizes `max_active`)."""
 
 _RUN_KEY = "__lgb_fan_out_run"
 """configurable key carrying the live `_FanOutRun` to the sibling tasks (never checkpointed)."""
@@ -284,6 +284,7 @@ class _Spec:
     max_active: int | None
     scheduler: Any
     sibling_tokens: int
+    kv_headroom: float = DEFAULT_KV_HEADROOM
 
     def resolve_items(self, state: Any) -> list[Any]:
         if callable(self.items):
@@ -326,15 +327,31 @@ class _Spec:
                 return None
         return sched
 
-    async def resolve_max_active(self, scheduler: Any) -> int | None:
-        if self.max_active is not None:
-            return self.max_active
+    async def resolve_kv_capacity(self, scheduler: Any) -> int | None:
+        """The server's KV capacity in tokens, or None when unknown."""
         capacity = getattr(getattr(scheduler, "latest_metrics", None), "kv_capacity_tokens", None)
         if capacity is None:
             capacity = await _fetch_kv_capacity(scheduler)
-        if isinstance(capacity, int) and capacity > 0:
-            return max(1, capacity // self.sibling_tokens)
+        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
+            return capacity
         return None
+
+    async def resolve_max_active(self, scheduler: Any) -> int | None:
+        """The starting cap: explicit, else KV capacity // sibling_tokens, else None."""
+        if self.max_active is not None:
+            return self.max_active
+        capacity = await self.resolve_kv_capacity(scheduler)
+        return None if capacity is None else max(1, capacity // self.sibling_tokens)
+
+    async def make_admission(self, scheduler: Any) -> SiblingAdmission:
+        """The gate of one run: `max_active` plus the resident KV budget when capacity is known."""
+        capacity = await self.resolve_kv_capacity(scheduler)
+        return SiblingAdmission(
+            max_active=self.max_active,
+            kv_capacity=capacity,
+            kv_headroom=self.kv_headroom,
+            sibling_tokens=self.sibling_tokens,
+        )
 
     def collect(self, run: _FanOutRun, records: Sequence[Sequence[Any]]) -> list[Any]:
         by_index: dict[int, Any] = {}
@@ -375,6 +392,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         scheduler: Any = None,
         name: str | None = None,
         sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
+        kv_headroom: float = DEFAULT_KV_HEADROOM,
     ) -> None:
         if not callable(getattr(subgraph, "ainvoke", None)):
             raise TypeError(
@@ -390,6 +408,8 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
         if sibling_tokens < 1:
             raise ValueError(f"sibling_tokens must be >= 1, got {sibling_tokens!r}")
+        if not 0.0 < kv_headroom <= 1.0:
+            raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
         node_name = name or f"fan_out[{getattr(subgraph, 'name', None) or 'subgraph'}]"
         self.subgraph = subgraph
         self.spec = _Spec(
@@ -403,6 +423,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             max_active=max_active,
             scheduler=scheduler,
             sibling_tokens=sibling_tokens,
+            kv_headroom=kv_headroom,
         )
         self.graph = _build_inner(self.spec, subgraph)
         sync_runner, async_runner = _build_runner(self.spec, self.graph)
@@ -446,7 +467,7 @@ async def _run_fan_out(
     """Run every sibling of one fan_out invocation and collect the results."""
     items = spec.resolve_items(state)
     scheduler = spec.resolve_scheduler()
-    admission = SiblingAdmission(max_active=await spec.resolve_max_active(scheduler))
+    admission = await spec.make_admission(scheduler)
     label = spec.name
     if not spec.named:
         label = str((config.get("metadata") or {}).get("langgraph_node") or label)
@@ -513,7 +534,8 @@ def _build_inner(spec: _Spec, subgraph: Any) -> Any:
                     run.emit("sibling_started", index=index)
                     final = await subgraph.ainvoke(sibling_input, child)
                 finally:
-                    run.admission.release(info)
+                    # Done for good: its KV leaves the resident set (evictable).
+                    run.admission.finish(info)
             value = spec.result(final) if spec.result is not None else final
         except GraphBubbleUp:
             raise
@@ -560,6 +582,7 @@ def fan_out(
     scheduler: Any = None,
     name: str | None = None,
     sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
+    kv_headroom: float = DEFAULT_KV_HEADROOM,
 ) -> FanOutNode:
     """A node that runs `subgraph` once per item, concurrently, and collects the results.
 
@@ -585,12 +608,19 @@ def fan_out(
             finished: resuming the thread does not run it again.
         max_active: most siblings ACTIVE (not waiting, not in a tool) at once.
             Default: the server's KV capacity (`scheduler.latest_metrics.
-            kv_capacity_tokens`) divided by `sibling_tokens`, or no cap when
-            the capacity is unknown.
+            kv_capacity_tokens`) divided by the estimated sibling context
+            (`sibling_tokens`, then learned from finished siblings), or no
+            cap when the capacity is unknown. With a known capacity, fresh
+            siblings are also admitted only while the resident siblings'
+            (active or in a tool, whose KV stays cached) estimated tokens fit
+            `kv_capacity * kv_headroom`; siblings back from a tool are not
+            held back by that budget.
         scheduler: the `Scheduler` (or its registry name) the siblings' models
             use: the source of KV capacity and of the stats in progress events.
         name: the node's name (default `fan_out[<subgraph name>]`).
-        sibling_tokens: estimated KV tokens of one sibling's context.
+        sibling_tokens: estimated KV tokens of one sibling's context, used
+            until finished siblings teach the gate a measured one.
+        kv_headroom: share of the KV capacity the resident siblings may fill.
 
     Returns:
         A `FanOutNode` to add with `builder.add_node("name", node)`.
@@ -626,4 +656,5 @@ def fan_out(
         scheduler=scheduler,
         name=name,
         sibling_tokens=sibling_tokens,
+        kv_headroom=kv_headroom,
     )
