@@ -118,6 +118,7 @@ class SiblingAdmission:
             raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
         if isinstance(sibling_tokens, bool) or sibling_tokens < 1:
             raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
+        self._sizing = False
         self._fixed_max = max_active
         self._capacity = kv_capacity
         self._budget = None if kv_capacity is None else max(1, int(kv_capacity * kv_headroom))
@@ -187,6 +188,28 @@ class SiblingAdmission:
             sibling_estimate=self._estimate,
         )
 
+    def start_sizing(self) -> None:
+        """Admit fresh siblings one at a time until `set_kv_capacity` is called.
+
+        For a run that learns the server's capacity only once its first
+        sibling has reached the scheduler (which then exists).
+        """
+        self._sizing = True
+
+    def set_kv_capacity(self, kv_capacity: int | None, *, kv_headroom: float) -> None:
+        """Size the gate now (None: capacity unknown, no budget) and end sizing."""
+        self._sizing = False
+        if kv_capacity is not None and kv_capacity > 0:
+            self._capacity = kv_capacity
+            self._budget = max(1, int(kv_capacity * kv_headroom))
+            self._max_active = self._derive_max_active()
+        self._wake()
+
+    @property
+    def sizing(self) -> bool:
+        """Whether the gate still waits for the server's capacity."""
+        return self._sizing
+
     def _derive_max_active(self) -> int | None:
         if self._fixed_max is not None:
             return self._fixed_max
@@ -199,7 +222,11 @@ class SiblingAdmission:
 
     def _fits_fresh(self) -> bool:
         """Whether one more fresh sibling fits the resident-token budget."""
-        if self._budget is None or not self._resident:
+        if not self._resident:
+            return True
+        if self._sizing:
+            return False
+        if self._budget is None:
             return True
         return self.resident_tokens() + self._estimate <= self._budget
 
@@ -271,6 +298,8 @@ class SiblingAdmission:
         self._holders.discard(sid)
         if self._resident.pop(sid, None) is not None:
             self.observe(sibling.context_tokens)
+        # A sibling finished before the capacity was known: stop waiting for it.
+        self._sizing = False
         self._wake()
 
     def _wake(self) -> None:

@@ -49,6 +49,7 @@ into the `into` list, in input order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import logging
@@ -85,6 +86,12 @@ _RUN_KEY = "__lgb_fan_out_run"
 
 _METRICS_TIMEOUT_S = 2.0
 """How long a fan_out waits for the server's metrics to size `max_active`."""
+
+_DISCOVER_TIMEOUT_S = 1.0
+"""How long after its first sibling started a fan_out without `scheduler=` looks for the
+scheduler its siblings' models create (admitting one sibling meanwhile)."""
+
+_DISCOVER_POLL_S = 0.02
 
 _OK = "ok"
 _ERR = "error"
@@ -250,6 +257,19 @@ async def _fetch_kv_capacity(scheduler: Any) -> int | None:
     return capacity if isinstance(capacity, int) else None
 
 
+def _loop_scheduler() -> Any:
+    """The one open scheduler the model calls created in the running loop, if exactly one."""
+    registry = sys.modules.get("langgraph_batch.scheduler.registry")
+    per_loop = getattr(registry, "_by_loop", None)
+    if per_loop is None:
+        return None
+    try:
+        found = list((per_loop.get(asyncio.get_running_loop()) or {}).values())
+    except Exception:
+        return None
+    return found[0] if len(found) == 1 else None
+
+
 def _forget_run(group: str) -> None:
     """Drop what coalesced tools cached for this run (the tools module is optional here)."""
     tools = sys.modules.get("langgraph_batch.tools")
@@ -342,6 +362,31 @@ class _Spec:
             return self.max_active
         capacity = await self.resolve_kv_capacity(scheduler)
         return None if capacity is None else max(1, capacity // self.sibling_tokens)
+
+    async def size_later(self, admission: SiblingAdmission, run_done: asyncio.Event) -> None:
+        """Find the scheduler the first sibling's model created, then size the gate.
+
+        Runs while the gate admits one fresh sibling at a time; gives up (no
+        budget, as when the capacity is unknown) when none appears within
+        `_DISCOVER_TIMEOUT_S` or the run ends.
+        """
+        capacity: int | None = None
+        try:
+            loop = asyncio.get_running_loop()
+            deadline: float | None = None
+            while not run_done.is_set() and (deadline is None or loop.time() < deadline):
+                if deadline is None and admission.stats().resident:
+                    # The grace period starts when the first sibling runs.
+                    deadline = loop.time() + _DISCOVER_TIMEOUT_S
+                found = _loop_scheduler()
+                if found is not None:
+                    capacity = await self.resolve_kv_capacity(found)
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_DISCOVER_POLL_S):
+                        await run_done.wait()
+        finally:
+            admission.set_kv_capacity(capacity, kv_headroom=self.kv_headroom)
 
     async def make_admission(self, scheduler: Any) -> SiblingAdmission:
         """The gate of one run: `max_active` plus the resident KV budget when capacity is known."""
@@ -468,6 +513,13 @@ async def _run_fan_out(
     items = spec.resolve_items(state)
     scheduler = spec.resolve_scheduler()
     admission = await spec.make_admission(scheduler)
+    run_done = asyncio.Event()
+    sizer: asyncio.Task[None] | None = None
+    if scheduler is None and spec.max_active is None and items:
+        # No scheduler named: the siblings' models create one on their first
+        # call. Let one sibling in, find that scheduler, then size the gate.
+        admission.start_sizing()
+        sizer = asyncio.create_task(spec.size_later(admission, run_done))
     label = spec.name
     if not spec.named:
         label = str((config.get("metadata") or {}).get("langgraph_node") or label)
@@ -487,6 +539,9 @@ async def _run_fan_out(
     try:
         out = await inner.ainvoke({"items": items}, child)
     finally:
+        run_done.set()
+        if sizer is not None and not sizer.done():
+            sizer.cancel()  # never awaited here: this task may itself be cancelled
         _forget_run(run.group)
     results = spec.collect(run, out.get("results") or [])
     errors = [r for r in results if isinstance(r, SiblingError)]

@@ -1,0 +1,180 @@
+"""The admission gate's resident-KV budget: fresh siblings wait while in-tool ones hold KV."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from langgraph_batch._context import SiblingInfo
+from langgraph_batch.backends.base import ChatResponse, Usage
+from langgraph_batch.chat_model import _record_context
+from langgraph_batch.nodes._admission import SiblingAdmission
+
+
+def sib(i: int, context: int = 0) -> SiblingInfo:
+    return SiblingInfo(group="g", index=i, context_tokens=context)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_bad_budget_arguments() -> None:
+    with pytest.raises(ValueError, match="kv_capacity"):
+        SiblingAdmission(kv_capacity=0)
+    with pytest.raises(ValueError, match="kv_headroom"):
+        SiblingAdmission(kv_capacity=100, kv_headroom=0.0)
+    with pytest.raises(ValueError, match="sibling_tokens"):
+        SiblingAdmission(sibling_tokens=0)
+
+
+async def test_in_tool_siblings_hold_budget_and_block_fresh_ones() -> None:
+    # Budget 1000 tokens, estimate 300: three residents fit (900), a fourth does not.
+    gate = SiblingAdmission(max_active=10, kv_capacity=1000, kv_headroom=1.0, sibling_tokens=300)
+    sibs = [sib(i) for i in range(4)]
+    for s in sibs[:3]:
+        await gate.acquire(s, returning=False)
+        s.admission = gate
+        await s.tool_enter()  # releases the active place, KV stays resident
+    assert gate.active == 0
+    assert gate.stats().resident == 3
+    assert gate.resident_tokens() == 900
+    fresh = asyncio.create_task(gate.acquire(sibs[3], returning=False))
+    await settle()
+    assert not fresh.done()  # active places are free, but the KV budget is not
+    assert gate.stats().waiting_fresh == 1
+    # Returning siblings pass although the budget is full.
+    await asyncio.wait_for(sibs[0].tool_exit(), 10)
+    assert gate.holds(sibs[0])
+    await settle()
+    assert not fresh.done()
+    # Finishing one frees its tokens: the fresh sibling gets in.
+    gate.finish(sibs[0])
+    await asyncio.wait_for(fresh, 10)
+    assert gate.holds(sibs[3])
+    assert gate.stats().resident == 3
+
+
+async def test_resident_tokens_use_the_larger_of_context_and_estimate() -> None:
+    gate = SiblingAdmission(kv_capacity=10_000, kv_headroom=1.0, sibling_tokens=1000)
+    small, big = sib(0, context=200), sib(1, context=4000)
+    await gate.acquire(small, returning=False)
+    await gate.acquire(big, returning=False)
+    assert gate.resident_tokens() == 1000 + 4000
+    big.context_tokens = 5000  # grows after another LLM call
+    assert gate.stats().resident_tokens == 6000
+    # 6000 + 1000 fits 10_000; after that, 7000 + 1000 fits; 8000 + 1000 fits; 9000 + 1000 fits.
+    for i in range(2, 6):
+        await gate.acquire(sib(i), returning=False)
+    blocked = asyncio.create_task(gate.acquire(sib(6), returning=False))
+    await settle()
+    assert not blocked.done()
+    blocked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocked
+    assert gate.stats().waiting_fresh == 0
+
+
+async def test_estimate_is_learned_from_finished_siblings_and_sizes_max_active() -> None:
+    gate = SiblingAdmission(kv_capacity=40_000, kv_headroom=1.0, sibling_tokens=4000)
+    assert gate.sibling_estimate == 4000
+    assert gate.max_active == 10
+    finished = [sib(i) for i in range(10)]
+    for s in finished:
+        await gate.acquire(s, returning=False)
+    for i, s in enumerate(finished):
+        s.context_tokens = 1000 + 100 * i  # 1000 .. 1900
+        gate.finish(s)
+    # p90 of ten observations: the 9th smallest.
+    assert gate.sibling_estimate == 1800
+    assert gate.max_active == 40_000 // 1800
+    assert gate.stats().resident == 0
+    # A sibling that failed before any LLM call teaches nothing.
+    failed = sib(99)
+    await gate.acquire(failed, returning=False)
+    gate.finish(failed)
+    assert gate.sibling_estimate == 1800
+    # Huge observations raise the estimate, never below one place.
+    tiny = SiblingAdmission(kv_capacity=100, sibling_tokens=10)
+    huge = sib(0)
+    await tiny.acquire(huge, returning=False)
+    huge.context_tokens = 5000
+    tiny.finish(huge)
+    assert tiny.sibling_estimate == 5000
+    assert tiny.max_active == 1
+
+
+async def test_explicit_max_active_is_not_changed_by_estimates() -> None:
+    gate = SiblingAdmission(max_active=3, kv_capacity=1_000_000, sibling_tokens=500_000)
+    s = sib(0)
+    await gate.acquire(s, returning=False)
+    s.context_tokens = 100
+    gate.finish(s)
+    assert gate.sibling_estimate == 100
+    assert gate.max_active == 3  # not 1_000_000 // 100
+    for i in range(1, 4):
+        await gate.acquire(sib(i), returning=False)
+    blocked = asyncio.create_task(gate.acquire(sib(4), returning=False))
+    await settle()
+    assert not blocked.done()  # max_active still caps actives, the budget has room
+    gate.finish(sib(1))
+    await asyncio.wait_for(blocked, 10)
+    assert gate.active == 3
+
+
+async def test_returning_sibling_respects_max_active_but_not_budget() -> None:
+    gate = SiblingAdmission(max_active=1, kv_capacity=1000, kv_headroom=1.0, sibling_tokens=400)
+    a, b, c = sib(0), sib(1), sib(2)
+    await gate.acquire(a, returning=False)
+    gate.release(a)  # a enters a tool: 400 tokens stay resident
+    await gate.acquire(b, returning=False)  # 800 <= 1000
+    gate.release(b)
+    a.context_tokens = b.context_tokens = 700  # both grew: 1400 resident, over budget
+    await asyncio.wait_for(gate.acquire(a, returning=True), 10)  # budget does not apply
+    back_b = asyncio.create_task(gate.acquire(b, returning=True))
+    fresh_c = asyncio.create_task(gate.acquire(c, returning=False))
+    await settle()
+    assert not back_b.done()  # max_active=1 still applies to returning siblings
+    assert not fresh_c.done()
+    gate.release(a)  # a enters another tool: the place goes to b, not to fresh c
+    await asyncio.wait_for(back_b, 10)
+    assert gate.holds(b)
+    assert not fresh_c.done()
+    gate.finish(a)
+    gate.finish(b)  # both done: 0 resident, c fits
+    await asyncio.wait_for(fresh_c, 10)
+    assert gate.holds(c)
+
+
+async def test_no_deadlock_when_one_sibling_alone_exceeds_budget() -> None:
+    gate = SiblingAdmission(kv_capacity=1000, kv_headroom=1.0, sibling_tokens=5000)
+    first, second = sib(0), sib(1)
+    await asyncio.wait_for(gate.acquire(first, returning=False), 10)  # nothing resident: admitted
+    assert gate.holds(first)
+    waiting = asyncio.create_task(gate.acquire(second, returning=False))
+    await settle()
+    assert not waiting.done()
+    gate.finish(first)
+    await asyncio.wait_for(waiting, 10)
+    assert gate.holds(second)
+
+
+async def test_gate_without_capacity_has_no_budget() -> None:
+    gate = SiblingAdmission(max_active=None, sibling_tokens=10**6)
+    for i in range(50):
+        await gate.acquire(sib(i, context=10**6), returning=False)
+    assert gate.active == 50
+    assert gate.kv_budget is None
+    assert gate.max_active is None
+
+
+def test_chat_model_records_the_siblings_context_size() -> None:
+    s = sib(0)
+    _record_context(
+        s, ChatResponse(id="x", model="m", usage=Usage(prompt_tokens=1500, completion_tokens=40))
+    )
+    assert s.context_tokens == 1540
+    _record_context(s, ChatResponse(id="y", model="m", usage=None))
+    assert s.context_tokens == 1540  # no usage reported: keep the last known size
