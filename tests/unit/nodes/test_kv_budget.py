@@ -178,3 +178,98 @@ def test_chat_model_records_the_siblings_context_size() -> None:
     assert s.context_tokens == 1540
     _record_context(s, ChatResponse(id="y", model="m", usage=None))
     assert s.context_tokens == 1540  # no usage reported: keep the last known size
+
+
+async def test_sizing_admits_one_fresh_sibling_until_the_capacity_is_known() -> None:
+    gate = SiblingAdmission(sibling_tokens=100)
+    gate.start_sizing()
+    first = sib(0)
+    await gate.acquire(first, returning=False)  # nothing resident: the probe goes in
+    second = asyncio.create_task(gate.acquire(sib(1), returning=False))
+    third = asyncio.create_task(gate.acquire(sib(2), returning=False))
+    await settle()
+    assert not second.done()
+    assert gate.sizing
+    # Capacity 250 at headroom 1.0: the probe (100) and one more (200) fit, not two more.
+    gate.set_kv_capacity(250, kv_headroom=1.0)
+    await asyncio.wait_for(second, 10)
+    await settle()
+    assert not third.done()
+    assert gate.max_active == 2
+    assert gate.kv_budget == 250
+    gate.finish(first)
+    await asyncio.wait_for(third, 10)
+
+
+async def test_sizing_ends_unbudgeted_when_the_probe_finishes_first() -> None:
+    gate = SiblingAdmission()
+    gate.start_sizing()
+    probe = sib(0)
+    await gate.acquire(probe, returning=False)
+    waiters = [asyncio.create_task(gate.acquire(sib(i), returning=False)) for i in range(1, 5)]
+    await settle()
+    assert not any(w.done() for w in waiters)
+    gate.finish(probe)  # e.g. a subgraph without a model: no capacity will come
+    await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    assert gate.active == 4
+    assert not gate.sizing
+
+
+async def test_fan_out_finds_the_scheduler_its_siblings_create() -> None:
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    from langgraph_batch.nodes import fan_out
+    from langgraph_batch.scheduler import registry
+
+    class Metrics:
+        kv_capacity_tokens = 1000
+
+    class Sched:
+        latest_metrics = Metrics()
+
+    class S(TypedDict, total=False):
+        x: int
+        peak: int
+
+    class P(TypedDict, total=False):
+        xs: list[int]
+        out: list[int]
+
+    live = {"now": 0, "peak": 0}
+    loop = asyncio.get_running_loop()
+    per_loop = registry._by_loop.setdefault(loop, {})
+
+    async def work(state: S) -> S:
+        # Like a model call: the first one "creates" the loop's scheduler.
+        per_loop.setdefault("fake-key", Sched())  # type: ignore[arg-type]
+        live["now"] += 1
+        live["peak"] = max(live["peak"], live["now"])
+        await asyncio.sleep(0.05)
+        live["now"] -= 1
+        return {"x": state["x"]}
+
+    sub = StateGraph(S)
+    sub.add_node("work", work)
+    sub.add_edge(START, "work")
+    sub.add_edge("work", END)
+    node = fan_out(
+        sub.compile(),
+        items="xs",
+        into="out",
+        make_input=lambda x, i: {"x": x},
+        result=lambda s: s["x"],
+        sibling_tokens=300,
+        kv_headroom=1.0,
+    )
+    parent = StateGraph(P)
+    parent.add_node("fan", node)
+    parent.add_edge(START, "fan")
+    parent.add_edge("fan", END)
+    try:
+        out = await asyncio.wait_for(parent.compile().ainvoke({"xs": list(range(12))}), 30)
+    finally:
+        per_loop.pop("fake-key", None)
+    assert out["out"] == list(range(12))
+    # 1000-token budget / 300-token estimate: at most 3 siblings resident at once.
+    assert 1 <= live["peak"] <= 3
