@@ -18,7 +18,8 @@ before any finished). Returning siblings are never held back by the budget
 sibling leaves the resident set (`finish`), which frees budget. When nothing
 is resident a fresh sibling is always admitted, however large its estimate,
 so the gate cannot deadlock. Without an explicit `max_active`, the cap is
-`kv_capacity // estimate` (at least 1), recomputed as the estimate moves.
+`kv_capacity // max(estimate, sibling_tokens)` (at least 1), recomputed as
+the estimate moves: it can shrink below the starting cap, never exceed it.
 
 The gate implements `langgraph_batch._context.Admission`; the tool hooks
 reach it through `SiblingInfo.tool_enter()` / `tool_exit()`.
@@ -215,7 +216,11 @@ class SiblingAdmission:
             return self._fixed_max
         if self._capacity is None:
             return None
-        return max(1, self._capacity // self._estimate)
+        # `sibling_tokens` is a floor here: a learned estimate may lower the
+        # cap (contexts grew larger than assumed) but never raise it above the
+        # one announced when the run started; the token budget already lets
+        # more small siblings be resident, up to that cap.
+        return max(1, self._capacity // max(self._estimate, self._base_estimate))
 
     def _has_room(self) -> bool:
         return self._max_active is None or len(self._holders) < self._max_active
