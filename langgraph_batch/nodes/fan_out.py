@@ -73,6 +73,7 @@ from langgraph_batch._loop import background_loop
 from langgraph_batch._progress import fan_out_event
 from langgraph_batch.errors import SiblingFailedError
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
+from langgraph_batch.scheduler.registry import loop_schedulers
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutNode", "SiblingError", "fan_out")
 
@@ -259,14 +260,7 @@ async def _fetch_kv_capacity(scheduler: Any) -> int | None:
 
 def _loop_scheduler() -> Any:
     """The one open scheduler the model calls created in the running loop, if exactly one."""
-    registry = sys.modules.get("langgraph_batch.scheduler.registry")
-    per_loop = getattr(registry, "_by_loop", None)
-    if per_loop is None:
-        return None
-    try:
-        found = list((per_loop.get(asyncio.get_running_loop()) or {}).values())
-    except Exception:
-        return None
+    found = loop_schedulers()
     return found[0] if len(found) == 1 else None
 
 

@@ -26,6 +26,7 @@ from langgraph_batch.scheduler._runner import Scheduler, SchedulerState
 __all__ = (
     "get_scheduler",
     "known_schedulers",
+    "loop_schedulers",
     "register_scheduler",
     "scheduler_for",
     "unregister_scheduler",
@@ -218,6 +219,24 @@ def known_schedulers() -> list[str]:
     if loop is not None:
         names |= set(_names_by_loop.get(loop, {}))
     return sorted(names)
+
+
+def loop_schedulers() -> list[Scheduler]:
+    """The open schedulers `scheduler_for` created in the running loop (none outside a loop).
+
+    `fan_out` uses this to find the scheduler its siblings' models share when
+    it was not given one, so it can read the server's KV capacity.
+
+    Example:
+        ```python
+        [s.name for s in loop_schedulers()]   # ['VLLMBackend:http://127.0.0.1:8000']
+        ```
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return []
+    return [s for s in (_by_loop.get(loop) or {}).values() if _usable(s, loop)]
 
 
 def get_scheduler(name: str) -> Scheduler:

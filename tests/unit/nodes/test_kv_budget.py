@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 
 import pytest
 
@@ -215,12 +216,16 @@ async def test_sizing_ends_unbudgeted_when_the_probe_finishes_first() -> None:
     assert not gate.sizing
 
 
-async def test_fan_out_finds_the_scheduler_its_siblings_create() -> None:
+async def test_fan_out_finds_the_scheduler_its_siblings_create(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from langgraph.graph import END, START, StateGraph
     from typing_extensions import TypedDict
 
     from langgraph_batch.nodes import fan_out
-    from langgraph_batch.scheduler import registry
+
+    # The module, not the function of the same name that `nodes` exports.
+    fan_out_module = importlib.import_module("langgraph_batch.nodes.fan_out")
 
     class Metrics:
         kv_capacity_tokens = 1000
@@ -237,12 +242,14 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create() -> None:
         out: list[int]
 
     live = {"now": 0, "peak": 0}
-    loop = asyncio.get_running_loop()
-    per_loop = registry._by_loop.setdefault(loop, {})
+    created: list[Sched] = []
+    # The registry's view of the loop: the scheduler appears once a model call made it.
+    monkeypatch.setattr(fan_out_module, "loop_schedulers", lambda: list(created))
 
     async def work(state: S) -> S:
         # Like a model call: the first one "creates" the loop's scheduler.
-        per_loop.setdefault("fake-key", Sched())  # type: ignore[arg-type]
+        if not created:
+            created.append(Sched())
         live["now"] += 1
         live["peak"] = max(live["peak"], live["now"])
         await asyncio.sleep(0.05)
@@ -266,10 +273,7 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create() -> None:
     parent.add_node("fan", node)
     parent.add_edge(START, "fan")
     parent.add_edge("fan", END)
-    try:
-        out = await asyncio.wait_for(parent.compile().ainvoke({"xs": list(range(12))}), 30)
-    finally:
-        per_loop.pop("fake-key", None)
+    out = await asyncio.wait_for(parent.compile().ainvoke({"xs": list(range(12))}), 30)
     assert out["out"] == list(range(12))
     # 1000-token budget / 300-token estimate: at most 3 siblings resident at once.
     assert 1 <= live["peak"] <= 3
