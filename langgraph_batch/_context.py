@@ -56,8 +56,11 @@ class SiblingInfo:
     tools_active: int = 0
     """Tool calls of this sibling running now."""
     context_tokens: int = 0
-    """Prompt plus completion tokens of the sibling's last completed LLM call: the
-    size of its context (KV working set) now. BatchedChatModel records it."""
+    """The sibling's own KV working set now: prompt plus completion tokens of its
+    last completed LLM call, less `shared_tokens`. BatchedChatModel records it."""
+    shared_tokens: int = 0
+    """Prompt tokens of the sibling's first call that the server already had
+    cached: the prefix it shares with its siblings (KV held once, not per sibling)."""
     admission: Admission | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

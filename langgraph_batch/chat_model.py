@@ -78,8 +78,16 @@ def _record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
     siblings' resident KV within the server's cache.
     """
     usage = response.usage
-    if usage is not None and usage.total_tokens > 0:
-        sibling.context_tokens = usage.prompt_tokens + usage.completion_tokens
+    if usage is None or usage.total_tokens <= 0:
+        return
+    if sibling.turn == 1 and usage.cached_tokens:
+        # On a sibling's first call the cached part of its prompt is the prefix
+        # it shares with the others (system prompt, tools): the server holds
+        # that KV once, so it is not part of this sibling's own working set.
+        sibling.shared_tokens = usage.cached_tokens
+    sibling.context_tokens = max(
+        0, usage.prompt_tokens + usage.completion_tokens - sibling.shared_tokens
+    )
 
 
 # Starting in-flight limit of a default policy on a backend with engine metrics.

@@ -11,9 +11,11 @@ gives up its ACTIVE place, but its context stays cached on the server. So the
 gate also tracks the RESIDENT siblings (started and not finished, active or
 in a tool) and admits a FRESH sibling only while their estimated KV tokens,
 plus the newcomer's estimate, fit `kv_capacity * kv_headroom`. A sibling
-counts `max(its context_tokens, the estimate)`; the estimate is learned from
-finished siblings (the p90 of their final context sizes; `sibling_tokens`
-before any finished). Returning siblings are never held back by the budget
+counts `max(its context_tokens, the estimate)`, both in tokens of its OWN
+context (the prefix siblings share is cached once on the server and is not
+counted per sibling); the estimate is learned from finished siblings (the p90
+of their final context sizes; before any finished, `sibling_tokens` less the
+shared prefix once a first call has shown it). Returning siblings are never held back by the budget
 (their cached KV is what we want reused), only by `max_active`. A finished
 sibling leaves the resident set (`finish`), which frees budget. When nothing
 is resident a fresh sibling is always admitted, however large its estimate,
@@ -145,8 +147,16 @@ class SiblingAdmission:
 
     @property
     def sibling_estimate(self) -> int:
-        """The current estimate of one sibling's context tokens."""
-        return self._estimate
+        """The current estimate of one sibling's own context tokens.
+
+        Learned from finished siblings; before any has finished,
+        `sibling_tokens` less the prefix the siblings share (once a call has
+        shown it), since the server holds that shared KV only once.
+        """
+        if self._observed:
+            return self._estimate
+        shared = max((s.shared_tokens for s in self._resident.values()), default=0)
+        return max(1, self._base_estimate - shared)
 
     @property
     def kv_budget(self) -> int | None:
@@ -163,7 +173,7 @@ class SiblingAdmission:
 
     def resident_tokens(self) -> int:
         """Estimated KV tokens of the resident siblings."""
-        est = self._estimate
+        est = self.sibling_estimate
         return sum(max(s.context_tokens, est) for s in self._resident.values())
 
     def observe(self, context_tokens: int) -> None:
@@ -186,7 +196,7 @@ class SiblingAdmission:
             resident=len(self._resident),
             resident_tokens=self.resident_tokens(),
             kv_budget=self._budget,
-            sibling_estimate=self._estimate,
+            sibling_estimate=self.sibling_estimate,
         )
 
     def start_sizing(self) -> None:
@@ -233,7 +243,7 @@ class SiblingAdmission:
             return False
         if self._budget is None:
             return True
-        return self.resident_tokens() + self._estimate <= self._budget
+        return self.resident_tokens() + self.sibling_estimate <= self._budget
 
     def _grant(self, sibling_id: str, sibling: SiblingInfo | None) -> None:
         self._holders.add(sibling_id)

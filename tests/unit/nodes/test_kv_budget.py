@@ -181,6 +181,37 @@ def test_chat_model_records_the_siblings_context_size() -> None:
     assert s.context_tokens == 1540  # no usage reported: keep the last known size
 
 
+def test_the_shared_prefix_seen_on_the_first_call_is_not_counted_per_sibling() -> None:
+    s = sib(0)
+    s.turn = 1  # BatchedChatModel increments the turn before recording
+    first = Usage(prompt_tokens=2548, completion_tokens=40, cached_tokens=2048)
+    _record_context(s, ChatResponse(id="x", model="m", usage=first))
+    assert (s.shared_tokens, s.context_tokens) == (2048, 540)
+    # Later turns hit the sibling's own cached context too: only turn 1 defines the share.
+    s.turn = 2
+    second = Usage(prompt_tokens=2700, completion_tokens=200, cached_tokens=2588)
+    _record_context(s, ChatResponse(id="y", model="m", usage=second))
+    assert (s.shared_tokens, s.context_tokens) == (2048, 852)
+
+
+async def test_estimate_before_any_finish_leaves_out_the_shared_prefix() -> None:
+    # 100 siblings of a 2048-token shared prompt and ~600 own tokens must all fit a
+    # 374k budget once the share is known, though 100 x 4096 would not.
+    gate = SiblingAdmission(kv_capacity=440_000, kv_headroom=0.85, sibling_tokens=4096)
+    sibs = [sib(i) for i in range(100)]
+    for s in sibs[:91]:
+        await asyncio.wait_for(gate.acquire(s, returning=False), 10)
+    late = [asyncio.create_task(gate.acquire(s, returning=False)) for s in sibs[91:]]
+    await settle()
+    assert not any(t.done() for t in late)  # 91 x 4096 fills the budget
+    for s in sibs[:91]:
+        s.shared_tokens, s.context_tokens = 2048, 600
+    assert gate.sibling_estimate == 4096 - 2048
+    gate.release(sibs[0])  # any wake-up lets the gate re-check the budget
+    await asyncio.wait_for(asyncio.gather(*late), 10)
+    assert gate.stats().resident == 100
+
+
 async def test_sizing_admits_one_fresh_sibling_until_the_capacity_is_known() -> None:
     gate = SiblingAdmission(sibling_tokens=100)
     gate.start_sizing()
