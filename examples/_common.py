@@ -20,6 +20,7 @@ modules in a thread with no running loop.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import atexit
 import functools
@@ -33,6 +34,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from langgraph_batch import render_progress
+from langgraph_batch._progress import extract_fan_out_event
 from langgraph_batch.backends import backend_from_url
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.scheduler import BatchPolicy, register_scheduler
@@ -228,6 +231,39 @@ async def is_emulated(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+def add_backend_args(parser: argparse.ArgumentParser) -> None:
+    """The options every example script takes: server, model, progress bar."""
+    parser.add_argument("--backend-url", default=None, help="vllm://h:p, sglang://h:p, http://..")
+    parser.add_argument("--model", default=None, help="served model name")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+async def start(args: argparse.Namespace) -> Settings:
+    """Configure the backend from the script's options, start it if local, say which it is."""
+    current = configure(args.backend_url, model=args.model)
+    await ensure_backend()
+    label = " (EMULATED)" if await is_emulated(current.url) else ""
+    print(f"backend: {current.url} model: {current.model}{label}")
+    return current
+
+
+async def run_with_progress(
+    app: Any, inputs: Any, *, quiet: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run `app` drawing fan_out progress; return (final state, last fan_out event)."""
+    final: dict[str, Any] = {}
+    last_event: dict[str, Any] = {}
+    stream = app.astream(inputs, stream_mode=["custom", "values"], subgraphs=True)
+    if not quiet:
+        stream = render_progress(stream)
+    async for namespace, mode, data in stream:
+        if mode == "values" and not namespace:
+            final = data
+        elif mode == "custom" and (event := extract_fan_out_event(data)) is not None:
+            last_event = event
+    return final, last_event
 
 
 def print_llm_stats(event: dict[str, Any]) -> None:

@@ -46,7 +46,6 @@ if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples import _common
-from langgraph_batch._progress import extract_fan_out_event, render_progress
 from langgraph_batch.nodes.fan_out import SiblingError, fan_out
 from langgraph_batch.tools import BatchMiddleware, coalesce, reset_tool_stats, tool_stats
 
@@ -278,31 +277,16 @@ async def amain(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=8, help="files to review")
     parser.add_argument("--groups", type=int, default=None, help="packages (default n // 2)")
-    parser.add_argument("--backend-url", default=None, help="vllm://h:p, sglang://h:p, http://..")
-    parser.add_argument("--model", default=None, help="served model name")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    _common.add_backend_args(parser)
     args = parser.parse_args(argv)
-
-    settings = _common.configure(args.backend_url, model=args.model)
-    await _common.ensure_backend()
-    label = " (EMULATED)" if await _common.is_emulated(settings.url) else ""
-    print(f"backend: {settings.url} model: {settings.model}{label}")
+    await _common.start(args)
 
     app = build_graph()
     reset_tool_stats()
     inputs: ReviewState = {"n": args.n}
     if args.groups:
         inputs["groups"] = args.groups
-    final: dict[str, Any] = {}
-    last_event: dict[str, Any] = {}
-    stream = app.astream(inputs, stream_mode=["custom", "values"], subgraphs=True)
-    if not args.quiet:
-        stream = render_progress(stream)
-    async for namespace, mode, data in stream:
-        if mode == "values" and not namespace:
-            final = data
-        elif mode == "custom" and (event := extract_fan_out_event(data)) is not None:
-            last_event = event
+    final, last_event = await _common.run_with_progress(app, inputs, quiet=args.quiet)
 
     report = final["report"]
     stats = tool_stats()
