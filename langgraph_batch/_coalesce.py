@@ -12,6 +12,11 @@ through `asyncio.shield`, so a cancelled caller (the one that started it
 included) never fails the others; when the last caller is cancelled, the
 execution is cancelled too.
 
+Across processes: `set_flight_store(store)` makes every scoped execution
+go through `store.run(...)` (the distributed worker installs a Redis
+single-flight there, so identical calls of one run execute once across
+workers); the in-process single flight still happens first.
+
 `langgraph_batch.tools` builds the ToolNode and `create_agent` hooks on this.
 """
 
@@ -24,9 +29,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ("Coalescer", "RateLimiter")
+__all__ = ("Coalescer", "FlightStore", "RateLimiter", "set_flight_store")
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +41,46 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[Any]]
 
 _MISS: Any = object()
+
+
+class FlightStore(Protocol):
+    """Shares one execution of a scoped call beyond this process (see `set_flight_store`)."""
+
+    async def run(
+        self,
+        scope: Hashable,
+        key: Hashable,
+        fn: Callable[[], Awaitable[Any]],
+        storable: Callable[[Any], bool],
+    ) -> Any:
+        """Return another process's result for `(scope, key)`, or run `fn` and share it.
+
+        Only results for which `storable(result)` is true may be shared.
+        """
+        ...
+
+
+_flight_store: FlightStore | None = None
+
+
+def set_flight_store(store: FlightStore | None) -> FlightStore | None:
+    """Route every scoped execution of every `Coalescer` through `store` (None: stop).
+
+    Returns:
+        The store installed before.
+
+    Example:
+        ```python
+        previous = set_flight_store(RedisFlightStore(...))
+        try:
+            ...
+        finally:
+            set_flight_store(previous)
+        ```
+    """
+    global _flight_store
+    previous, _flight_store = _flight_store, store
+    return previous
 
 
 class RateLimiter:
@@ -277,8 +322,13 @@ class Coalescer(Generic[T]):
         state: _LoopState,
         storable: Callable[[T], bool],
     ) -> T:
+        value: T
         try:
-            value = await self._limited(fn, state)
+            store = _flight_store
+            if store is not None and fk[0] is not None:
+                value = await store.run(fk[0], fk[1], lambda: self._limited(fn, state), storable)
+            else:
+                value = await self._limited(fn, state)
         finally:
             # Leave the in-flight table before the waiters wake up, so that a
             # caller arriving afterwards sees the stored result (or starts anew).

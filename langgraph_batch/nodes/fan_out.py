@@ -73,6 +73,7 @@ from langgraph_batch._loop import background_loop
 from langgraph_batch._progress import fan_out_event
 from langgraph_batch.errors import SiblingFailedError
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
+from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
 from langgraph_batch.scheduler.registry import loop_schedulers
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutNode", "SiblingError", "fan_out")
@@ -279,6 +280,10 @@ def _default_input(item: Any, index: int) -> Any:
     return item
 
 
+def _error_record(exc: BaseException, index: int, item: Any) -> dict[str, Any]:
+    return SiblingError.from_exception(exc, index=index, item=item).to_dict()
+
+
 @dataclass(slots=True, kw_only=True)
 class _Spec:
     """The options of one FanOutNode, and what the node functions do with them.
@@ -299,6 +304,10 @@ class _Spec:
     scheduler: Any
     sibling_tokens: int
     kv_headroom: float = DEFAULT_KV_HEADROOM
+    executor: SiblingExecutor | None = None
+    """Runs the siblings elsewhere (`fan_out(executor=...)`); None: in this process."""
+    subgraph: Any = None
+    """The sibling graph, handed to `executor` (unused in-process)."""
 
     def resolve_items(self, state: Any) -> list[Any]:
         if callable(self.items):
@@ -432,6 +441,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         name: str | None = None,
         sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
         kv_headroom: float = DEFAULT_KV_HEADROOM,
+        executor: SiblingExecutor | None = None,
     ) -> None:
         if not callable(getattr(subgraph, "ainvoke", None)):
             raise TypeError(
@@ -449,6 +459,11 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             raise ValueError(f"sibling_tokens must be >= 1, got {sibling_tokens!r}")
         if not 0.0 < kv_headroom <= 1.0:
             raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
+        if executor is not None and not callable(getattr(executor, "run", None)):
+            raise TypeError(
+                f"executor must follow the SiblingExecutor protocol (a run() method), "
+                f"got {type(executor).__name__}"
+            )
         node_name = name or f"fan_out[{getattr(subgraph, 'name', None) or 'subgraph'}]"
         self.subgraph = subgraph
         self.spec = _Spec(
@@ -463,6 +478,8 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             scheduler=scheduler,
             sibling_tokens=sibling_tokens,
             kv_headroom=kv_headroom,
+            executor=executor,
+            subgraph=subgraph if executor is not None else None,
         )
         self.graph = _build_inner(self.spec, subgraph)
         sync_runner, async_runner = _build_runner(self.spec, self.graph)
@@ -505,11 +522,13 @@ async def _run_fan_out(
 ) -> dict[str, Any]:
     """Run every sibling of one fan_out invocation and collect the results."""
     items = spec.resolve_items(state)
-    scheduler = spec.resolve_scheduler()
-    admission = await spec.make_admission(scheduler)
+    remote = spec.executor is not None
+    scheduler = None if remote else spec.resolve_scheduler()
+    # Remote siblings are admitted by their workers: the parent's gate stays open.
+    admission = SiblingAdmission() if remote else await spec.make_admission(scheduler)
     run_done = asyncio.Event()
     sizer: asyncio.Task[None] | None = None
-    if scheduler is None and spec.max_active is None and items:
+    if not remote and scheduler is None and spec.max_active is None and items:
         # No scheduler named: the siblings' models create one on their first
         # call. Let one sibling in, find that scheduler, then size the gate.
         admission.start_sizing()
@@ -531,13 +550,26 @@ async def _run_fan_out(
         return {spec.into: []}
     child = merge_configs(config, {"configurable": {_RUN_KEY: run}})
     try:
-        out = await inner.ainvoke({"items": items}, child)
+        if spec.executor is not None:
+            records = await run_remote(
+                spec.executor,
+                spec.subgraph,
+                items,
+                run,
+                config,
+                make_input=spec.make_input or _default_input,
+                result=spec.result,
+                error_record=_error_record,
+            )
+        else:
+            out = await inner.ainvoke({"items": items}, child)
+            records = out.get("results") or []
     finally:
         run_done.set()
         if sizer is not None and not sizer.done():
             sizer.cancel()  # never awaited here: this task may itself be cancelled
         _forget_run(run.group)
-    results = spec.collect(run, out.get("results") or [])
+    results = spec.collect(run, records)
     errors = [r for r in results if isinstance(r, SiblingError)]
     run.done, run.failed = len(results), len(errors)
     run.emit("done", peak_active=admission.stats().peak_active)
@@ -632,6 +664,7 @@ def fan_out(
     name: str | None = None,
     sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
     kv_headroom: float = DEFAULT_KV_HEADROOM,
+    executor: SiblingExecutor | None = None,
 ) -> FanOutNode:
     """A node that runs `subgraph` once per item, concurrently, and collects the results.
 
@@ -670,6 +703,16 @@ def fan_out(
         sibling_tokens: estimated KV tokens of one sibling's context, used
             until finished siblings teach the gate a measured one.
         kv_headroom: share of the KV capacity the resident siblings may fill.
+        executor: run the siblings elsewhere, e.g.
+            `RedisExecutor(url, graph="myapp.graphs:agent")` from
+            `langgraph_batch.distributed` sends them to `langgraph-batch
+            worker` processes. `make_input` and `result` still run here,
+            results keep input order, `on_error` and the progress events are
+            unchanged; `max_active`, `scheduler` and the KV options are not
+            used (each worker bounds its siblings with `--concurrency`).
+            None: in this process.
+
+            !!! version-added "Added in 0.2: executor"
 
     Returns:
         A `FanOutNode` to add with `builder.add_node("name", node)`.
@@ -678,6 +721,7 @@ def fan_out(
         TypeError: if `subgraph` cannot be invoked asynchronously or `items`
             is neither a key nor a callable.
         ValueError: for a bad `into`, `on_error`, `max_active` or `sibling_tokens`.
+        TypeError: for an `executor` without a `run` method.
 
     Example:
         ```python
@@ -706,4 +750,5 @@ def fan_out(
         name=name,
         sibling_tokens=sibling_tokens,
         kv_headroom=kv_headroom,
+        executor=executor,
     )
