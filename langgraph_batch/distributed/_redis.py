@@ -62,6 +62,12 @@ RESPONSE_ERRORS: tuple[type[BaseException], ...] = _response_errors()
 """Errors Redis answered with (e.g. a stream or consumer group that no longer exists)."""
 
 
+def _redis_version() -> str:
+    import redis
+
+    return str(getattr(redis, "__version__", "0"))
+
+
 def connect(url: str, *, socket_timeout: float = 5.0, **options: Any) -> Any:
     """A `redis.asyncio.Redis` client for `url` with bounded timeouts and a few retries.
 
@@ -81,6 +87,14 @@ def connect(url: str, *, socket_timeout: float = 5.0, **options: Any) -> Any:
     from redis.backoff import ExponentialWithJitterBackoff
 
     options.setdefault("socket_connect_timeout", socket_timeout)
+    # Left unset, redis-py looks its own version up in the installed package
+    # metadata (file I/O) for every new connection, inside the event loop.
+    try:
+        from redis.driver_info import DriverInfo
+
+        options.setdefault("driver_info", DriverInfo(lib_version=_redis_version()))
+    except ImportError:  # redis-py < 7
+        options.setdefault("lib_version", _redis_version())
     options.setdefault("health_check_interval", 10)
     options.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=3))
     return aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **options)

@@ -38,6 +38,7 @@ class Job(TypedDict, total=False):
     sleep: float
     fail: bool
     poison: bool
+    pad: str
     y: int
     pid: int
 
