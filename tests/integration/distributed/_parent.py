@@ -11,7 +11,6 @@ from typing_extensions import TypedDict
 from langgraph_batch import fan_out
 from langgraph_batch._progress import extract_fan_out_event
 from langgraph_batch.distributed import RedisExecutor
-
 from tests.integration.distributed.conftest import GRAPHS
 
 
@@ -62,7 +61,9 @@ def parent_graph(
     return b.compile(checkpointer=checkpointer)
 
 
-async def run_parent(graph: Any, xs: list[Any] | None, config: Any = None) -> tuple[list[Any], list[dict[str, Any]]]:
+async def run_parent(
+    graph: Any, xs: list[Any] | None, config: Any = None
+) -> tuple[list[Any], list[dict[str, Any]]]:
     """Stream the graph; return the `out` list and the fan_out progress events."""
     events: list[dict[str, Any]] = []
     out: list[Any] = []

@@ -299,7 +299,11 @@ def tally(
     """Count; a result that is not the expected value (or a SiblingError) counts as lost."""
     from langgraph_batch import SiblingError
 
-    dead = [r.index for r in results if isinstance(r, SiblingError) and r.error_type == "DeadLetteredError"]
+    dead = [
+        r.index
+        for r in results
+        if isinstance(r, SiblingError) and r.error_type == "DeadLetteredError"
+    ]
     lost = sum(
         1
         for i, (got, want) in enumerate(zip(results, expected, strict=True))

@@ -1,4 +1,4 @@
-"""Sibling graphs the distributed tests' workers import by path (`tests.integration.distributed.graphs:...`).
+"""Sibling graphs the distributed tests' workers import by path (`...distributed.graphs:x`).
 
 Each appends one line per event to the file named by `LGB_TEST_EXEC_LOG`
 (`<index> <pid> start|done|cancel`, `tool <key> <pid>`), so the tests count

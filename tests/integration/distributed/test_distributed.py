@@ -21,7 +21,6 @@ from typing import Any
 import ormsgpack
 import psutil
 import pytest
-from langgraph_batch.distributed._redis import connect
 
 from langgraph_batch import SiblingError, SiblingFailedError
 from langgraph_batch.distributed._keys import (
@@ -32,6 +31,7 @@ from langgraph_batch.distributed._keys import (
     new_run_id,
     sibling_group,
 )
+from langgraph_batch.distributed._redis import connect
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.distributed._serde import Serde
 from tests.integration.distributed._parent import executor, parent_graph, run_parent
@@ -103,16 +103,24 @@ async def test_results_in_order_errors_progress_and_cleanup(fresh: Cluster) -> N
     assert "fails on purpose" in err.message
 
     kinds = collections.Counter(e["event"] for e in events)
-    assert kinds["started"] == 1 and kinds["done"] == 1
-    assert kinds["sibling_finished"] == 15 and kinds["sibling_failed"] == 1
+    assert kinds["started"] == 1
+    assert kinds["done"] == 1
+    assert kinds["sibling_finished"] == 15
+    assert kinds["sibling_failed"] == 1
     assert kinds["sibling_started"] >= 15  # a notice may be overtaken by its result
     dones = [e["done"] for e in events]
-    assert dones == sorted(dones) and events[-1]["done"] == events[-1]["total"] == 16
-    assert events[-1]["failed"] == 1 and all(e["node"] == "fan" for e in events)
+    assert dones == sorted(dones)
+    assert events[-1]["done"] == events[-1]["total"] == 16
+    assert events[-1]["failed"] == 1
+    assert all(e["node"] == "fan" for e in events)
 
     execs = await asyncio.to_thread(executions, fresh.h.exec_log)
     assert execs == dict.fromkeys(range(16), 1)
-    pids = {line.split()[1] for line in (await asyncio.to_thread(fresh.h.exec_log.read_text)).split("\n") if line}
+    pids = {
+        line.split()[1]
+        for line in (await asyncio.to_thread(fresh.h.exec_log.read_text)).split("\n")
+        if line
+    }
     assert len(pids) == 2, "both workers took siblings"
 
     # The run's keys are gone; what is left (the graph's run list and wake stream) expires.
@@ -125,8 +133,14 @@ async def test_results_in_order_errors_progress_and_cleanup(fresh: Cluster) -> N
     finally:
         await client.aclose()
     expected = [2 * i if i != 5 else out[5] for i in range(16)]
-    counts = await atally("happy path", out, expected, fresh.h.exec_log, fresh.workers, seconds=t[0])
-    assert (counts.lost, counts.duplicate_results_accepted, counts.duplicate_executions) == (0, 0, 0)
+    counts = await atally(
+        "happy path", out, expected, fresh.h.exec_log, fresh.workers, seconds=t[0]
+    )
+    assert (counts.lost, counts.duplicate_results_accepted, counts.duplicate_executions) == (
+        0,
+        0,
+        0,
+    )
 
 
 async def test_on_error_raise(fresh: Cluster) -> None:
@@ -134,7 +148,8 @@ async def test_on_error_raise(fresh: Cluster) -> None:
     with pytest.raises(SiblingFailedError) as info:
         await run_parent(graph, [{"x": 1}, {"x": 2, "fail": True}, {"x": 3}])
     assert [e.index for e in info.value.errors] == [1]
-    assert info.value.results[0] == 2 and info.value.results[2] == 6
+    assert info.value.results[0] == 2
+    assert info.value.results[2] == 6
 
 
 async def test_a_long_sibling_keeps_its_lease(fresh: Cluster) -> None:
@@ -145,8 +160,8 @@ async def test_a_long_sibling_keeps_its_lease(fresh: Cluster) -> None:
     assert await asyncio.to_thread(executions, fresh.h.exec_log) == {0: 1, 1: 1, 2: 1}
 
 
-async def _wait_log(path: Path, pattern: str, count: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
+async def _wait_log(path: Path, pattern: str, count: int, limit_s: float) -> int:
+    deadline = time.monotonic() + limit_s
     while True:
         text = await asyncio.to_thread(path.read_text)
         found = len(re.findall(pattern, text, flags=re.M))
@@ -158,13 +173,13 @@ async def _wait_log(path: Path, pattern: str, count: int, timeout: float) -> int
 async def test_cancelling_the_parent_cancels_its_jobs_on_the_workers(fresh: Cluster) -> None:
     graph = parent_graph(executor(fresh.redis.url))
     task = asyncio.create_task(run_parent(graph, [{"x": i, "sleep": 30.0} for i in range(4)]))
-    assert await _wait_log(fresh.h.exec_log, r" start$", 4, timeout=10) == 4
+    assert await _wait_log(fresh.h.exec_log, r" start$", 4, limit_s=10) == 4
     cancelled_at = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # Workers notice at their next heartbeat (lease / 3) and cancel the siblings.
-    assert await _wait_log(fresh.h.exec_log, r" cancel$", 4, timeout=5) == 4
+    assert await _wait_log(fresh.h.exec_log, r" cancel$", 4, limit_s=5) == 4
     took = time.monotonic() - cancelled_at
     assert " done" not in await asyncio.to_thread(fresh.h.exec_log.read_text)
     assert took < 3.0, took
@@ -178,10 +193,14 @@ async def test_bad_input_fails_its_sibling_only(fresh: Cluster) -> None:
             return {"index": i, "x": "two"}  # x is an int
         return {"index": i, "x": x, "sleep": 0.05}
 
-    out, _ = await run_parent(parent_graph(executor(fresh.redis.url), make_input=make_input), [0, 1, 2, 3])
-    assert out[0] == 0 and out[3] == 6
+    out, _ = await run_parent(
+        parent_graph(executor(fresh.redis.url), make_input=make_input), [0, 1, 2, 3]
+    )
+    assert out[0] == 0
+    assert out[3] == 6
     for i, needle in ((1, "unknown key 'bogus'"), (2, "key 'x'")):
-        assert isinstance(out[i], SiblingError) and out[i].error_type == "InputValidationError"
+        assert isinstance(out[i], SiblingError)
+        assert out[i].error_type == "InputValidationError"
         assert needle in out[i].message
     assert all(w.alive() for w in fresh.workers)
     assert set(await asyncio.to_thread(executions, fresh.h.exec_log)) == {0, 3}
@@ -190,8 +209,10 @@ async def test_bad_input_fails_its_sibling_only(fresh: Cluster) -> None:
 async def test_payload_cap_fails_the_oversized_sibling(fresh: Cluster) -> None:
     ex = executor(fresh.redis.url, max_payload_bytes=2000)
     out, _ = await run_parent(parent_graph(ex), [{"x": 1}, {"x": 2, "pad": "a" * 5000}, {"x": 3}])
-    assert out[0] == 2 and out[2] == 6
-    assert isinstance(out[1], SiblingError) and out[1].error_type == "PayloadTooLargeError"
+    assert out[0] == 2
+    assert out[2] == 6
+    assert isinstance(out[1], SiblingError)
+    assert out[1].error_type == "PayloadTooLargeError"
     assert "max_payload_bytes=2000" in out[1].message
 
 
@@ -209,10 +230,14 @@ async def test_crafted_payloads_are_rejected_and_run_nothing(fresh: Cluster) -> 
     ext = ormsgpack.Ext
     crafted = {
         "0": b"msgpack\0"
-        + ormsgpack.packb({"index": 0, "x": ext(1, ormsgpack.packb(["os", "system", [f"touch {marker}"]]))}),
+        + ormsgpack.packb(
+            {"index": 0, "x": ext(1, ormsgpack.packb(["os", "system", [f"touch {marker}"]]))}
+        ),
         "1": b"pickle\0" + pickle.dumps(_Evil(marker)),
         "2": b"msgpack\0"
-        + ormsgpack.packb({"x": ext(3, ormsgpack.packb(["os", "system", f"touch {marker}", "__call__"]))}),
+        + ormsgpack.packb(
+            {"x": ext(3, ormsgpack.packb(["os", "system", f"touch {marker}", "__call__"]))}
+        ),
         "3": b"json\0" + b'{"lc": 2, "type": "constructor", "id": ["os", "system"], "args": ["x"]}',
     }
     run_id = new_run_id()
@@ -222,8 +247,14 @@ async def test_crafted_payloads_are_rejected_and_run_nothing(fresh: Cluster) -> 
         await client.hset(
             keys.meta,
             mapping={
-                "graph": graph, "total": "4", "group": sibling_group(run_id), "lease_ms": "1200",
-                "max_deliveries": "3", "ttl_ms": "60000", "state": "running", "sentinel": "1",
+                "graph": graph,
+                "total": "4",
+                "group": sibling_group(run_id),
+                "lease_ms": "1200",
+                "max_deliveries": "3",
+                "ttl_ms": "60000",
+                "state": "running",
+                "sentinel": "1",
             },
         )
         args: list[Any] = [GROUP, 60000]
@@ -233,7 +264,7 @@ async def test_crafted_payloads_are_rejected_and_run_nothing(fresh: Cluster) -> 
         await client.zadd(graph_runs_key(graph), {run_id: int(time.time() * 1000) + 60000})
         await client.xadd(graph_wake_key(graph), {"run": "x"})
         deadline = time.monotonic() + 10
-        while await client.hlen(keys.results) < 4 and time.monotonic() < deadline:
+        while await client.hlen(keys.results) < 4 and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         results = await client.hgetall(keys.results)
         await client.delete(*keys.all())
@@ -244,7 +275,8 @@ async def test_crafted_payloads_are_rejected_and_run_nothing(fresh: Cluster) -> 
     assert len(results) == 4
     for job in crafted:
         record = serde.loads(results[job.encode()], what="result")
-        assert record["k"] == "error" and record["v"]["error_type"] == "PayloadRejectedError", record
+        assert record["k"] == "error", record
+        assert record["v"]["error_type"] == "PayloadRejectedError", record
     assert not await asyncio.to_thread(marker.exists)
     assert all(w.alive() for w in fresh.workers)
     assert not await asyncio.to_thread(executions, fresh.h.exec_log)
@@ -255,4 +287,5 @@ def test_workers_bind_nothing(cluster: Cluster) -> None:
         conns = psutil.Process(w.pid).net_connections(kind="all")
         assert not [c for c in conns if c.status == psutil.CONN_LISTEN], conns
         inet = [c for c in conns if c.raddr]
-        assert inet and all(c.raddr.port == cluster.redis.port for c in inet), inet
+        assert inet, conns
+        assert all(c.raddr.port == cluster.redis.port for c in inet), inet
