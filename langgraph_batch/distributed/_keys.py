@@ -34,6 +34,7 @@ import secrets
 from dataclasses import dataclass
 
 __all__ = (
+    "ACL_RULES",
     "GROUP",
     "RunKeys",
     "attach_key",
@@ -43,6 +44,18 @@ __all__ = (
     "semaphore_key",
     "sibling_group",
 )
+
+ACL_RULES = (
+    "~{lgb:* resetchannels -@all +ping +auth +hello "
+    "+get +set +del +exists +pexpire +pttl +time "
+    "+hset +hsetnx +hget +hmget +hgetall +hexists +hlen "
+    "+sadd +smembers "
+    "+zadd +zrem +zscore +zcard +zrangebyscore +zremrangebyscore "
+    "+xadd +xread +xreadgroup +xack +xclaim +xautoclaim +xpending +xrange +xlen +xgroup|create "
+    "+multi +exec +discard +eval +evalsha +script|load +script|exists"
+)
+"""The least a Redis ACL user needs for parents and workers (commands inside the Lua
+scripts included): `ACL SETUSER lgb on >password ` + this."""
 
 GROUP = "w"
 """The consumer group every worker reads a run's jobs stream with."""
