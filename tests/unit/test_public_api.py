@@ -108,7 +108,6 @@ def test_distributed_surface_and_errors() -> None:
     from langgraph_batch import distributed, errors
 
     assert set(distributed.__all__) == EXPECTED_DISTRIBUTED
-    assert list(distributed.__all__) == sorted(distributed.__all__)
     for name in distributed.__all__:
         obj = getattr(distributed, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
