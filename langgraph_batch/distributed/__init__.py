@@ -24,6 +24,7 @@ tool calls across workers) and `_serde` (strict payloads, input checks).
 
 from __future__ import annotations
 
+from langgraph_batch.distributed._keys import ACL_RULES
 from langgraph_batch.distributed._semaphore import ClusterLimitedBackend, RedisSemaphore
 from langgraph_batch.distributed._serde import DEFAULT_MAX_PAYLOAD_BYTES
 from langgraph_batch.distributed._singleflight import RedisFlightStore
@@ -41,6 +42,7 @@ from langgraph_batch.errors import (
 from langgraph_batch.nodes._remote import RemoteEvent, SiblingExecutor
 
 __all__ = (
+    "ACL_RULES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "ClusterLimitedBackend",
     "DeadLetteredError",

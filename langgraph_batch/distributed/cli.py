@@ -25,6 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("graph", help="the sibling graph's import path, package.module:attribute")
     p.add_argument("--concurrency", type=int, default=16, help="siblings run at once (16)")
     p.add_argument(
+        "--max-active",
+        type=int,
+        default=None,
+        help="of those, at most N active (not inside a tool) at once (default: no cap)",
+    )
+    p.add_argument(
         "--cluster-inflight",
         type=int,
         default=None,
@@ -83,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.url,
             args.graph,
             concurrency=args.concurrency,
+            max_active=args.max_active,
             cluster_inflight=args.cluster_inflight,
             cluster_lease_s=args.cluster_lease,
             max_payload_bytes=args.max_payload_bytes,

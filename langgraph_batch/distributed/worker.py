@@ -5,7 +5,8 @@ inputs ever comes over the wire), finds the live runs of that graph in
 Redis and runs their jobs, up to `--concurrency` at once, each inside
 `sibling_scope(...)`: its `BatchedChatModel` calls share this process's
 scheduler (batching, priorities, slot release during tools), its coalesced
-tool calls are shared with the other workers of the run, and, with
+tool calls are shared with the other workers of the run, `--max-active` caps how many of
+them are active (not inside a tool) at once, and, with
 `--cluster-inflight N`, its requests to each inference endpoint hold a
 lease of a cluster-wide cap.
 
@@ -45,7 +46,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from langgraph_batch._coalesce import set_flight_store
@@ -114,7 +115,6 @@ class _Run:
     lease_ms: int
     max_deliveries: int
     ttl_ms: int
-    admission: SiblingAdmission = field(default_factory=SiblingAdmission)
 
 
 @dataclass(eq=False)
@@ -145,6 +145,7 @@ class Worker:
         graph: str,
         *,
         concurrency: int = 16,
+        max_active: int | None = None,
         cluster_inflight: int | None = None,
         cluster_lease_s: float = 30.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -162,6 +163,9 @@ class Worker:
             url: Redis, as for `RedisExecutor`.
             graph: The sibling graph's import path, as the parents name it.
             concurrency: Siblings run at once, `>= 1`.
+            max_active: Of those, at most this many ACTIVE (not inside a
+                tool) at once, as `fan_out(max_active=...)` does in-process;
+                None: no cap beyond `concurrency`.
             cluster_inflight: Cap on requests in flight per inference endpoint
                 across every worker passing the same value; None: no cap.
             cluster_lease_s: An in-flight lease of a dead worker comes back after this.
@@ -188,6 +192,8 @@ class Worker:
         self.graph_path = graph
         self.graph = load_graph(graph, app_dir=app_dir)
         self.concurrency = concurrency
+        self.admission = SiblingAdmission(max_active=max_active)
+        """The worker's admission gate, shared by the siblings of every run it serves."""
         self.cluster_inflight = cluster_inflight
         self.cluster_lease_s = cluster_lease_s
         self.serde = Serde.for_graph(self.graph, extra=allowed_types, max_bytes=max_payload_bytes)
@@ -545,7 +551,7 @@ class Worker:
                     problems=problems,
                 )
             info = SiblingInfo(
-                group=run.group, index=index, total=run.total, admission=run.admission
+                group=run.group, index=index, total=run.total, admission=self.admission
             )
             meta = {"lgb_sibling_group": run.group, "lgb_sibling_index": index}
             config: Any = {
@@ -553,11 +559,11 @@ class Worker:
                 "metadata": meta,
             }
             with sibling_scope(info):
-                await run.admission.acquire(info, returning=False)
+                await self.admission.acquire(info, returning=False)
                 try:
                     final = await self.graph.ainvoke(value, config)
                 finally:
-                    run.admission.finish(info)
+                    self.admission.finish(info)
             try:
                 return self.serde.dumps({"k": "ok", "v": final}, what="result")
             except (DistributedError, TypeError) as exc:

@@ -85,6 +85,7 @@ def test_subpackages_export_their_pieces() -> None:
 
 
 EXPECTED_DISTRIBUTED = {
+    "ACL_RULES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "ClusterLimitedBackend",
     "DeadLetteredError",

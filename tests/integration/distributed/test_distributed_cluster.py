@@ -18,7 +18,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError
 
-from langgraph_batch.distributed._keys import ACL_RULES
+from langgraph_batch.distributed import ACL_RULES
 from langgraph_batch.distributed._redis import connect
 from tests.integration.distributed._parent import executor, parent_graph, run_parent
 from tests.integration.distributed.conftest import (

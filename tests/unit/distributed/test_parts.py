@@ -86,6 +86,9 @@ def test_executor_options_are_checked(kwargs: dict[str, Any], match: str) -> Non
 def test_worker_options_and_graph_path_are_checked() -> None:
     with pytest.raises(ValueError, match="concurrency"):
         Worker("redis://x:1/0", GRAPH, concurrency=0)
+    with pytest.raises(ValueError, match="max_active"):
+        Worker("redis://x:1/0", GRAPH, max_active=0)
+    assert Worker("redis://x:1/0", GRAPH, max_active=3).admission.stats().max_active == 3
     with pytest.raises(ValueError, match=r"package\.module:attribute"):
         Worker("redis://x:1/0", "nocolon")
     with pytest.raises(TypeError, match="not a graph"):
