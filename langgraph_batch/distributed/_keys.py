@@ -49,7 +49,7 @@ ACL_RULES = (
     "~{lgb:* resetchannels -@all +ping +auth +hello "
     "+get +set +del +exists +pexpire +pttl +time "
     "+hset +hsetnx +hget +hmget +hgetall +hexists +hlen "
-    "+sadd +smembers "
+    "+sadd +smembers +scard "
     "+zadd +zrem +zscore +zcard +zrangebyscore +zremrangebyscore "
     "+xadd +xread +xreadgroup +xack +xclaim +xautoclaim +xpending +xrange +xlen +xgroup|create "
     "+multi +exec +discard +eval +evalsha +script|load +script|exists"

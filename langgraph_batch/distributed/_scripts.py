@@ -50,8 +50,8 @@ local g = redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM')
 local added = 0
 for i = 3, #ARGV, 2 do
   local job = ARGV[i]
-  if redis.call('HEXISTS', KEYS[3], job) == 0 and redis.call('HEXISTS', KEYS[5], job) == 0
-     and redis.call('SADD', KEYS[7], job) == 1 then
+  if redis.call('SADD', KEYS[7], job) == 1
+     and redis.call('HEXISTS', KEYS[3], job) == 0 and redis.call('HEXISTS', KEYS[5], job) == 0 then
     redis.call('XADD', KEYS[2], '*', 'job', job, 'input', ARGV[i + 1])
     added = added + 1
   end

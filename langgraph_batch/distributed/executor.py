@@ -432,6 +432,10 @@ class _ParentRun:
             )
             await self._publish()
             return True, []
+        if await self.client.scard(self.keys.queued) < len(self.payloads):
+            # A partial loss (e.g. AOF fsync'd every second) dropped jobs we published.
+            logger.warning("run %s: jobs missing in Redis; publishing them again", self.group)
+            await self._publish()
         if time.monotonic() - self._refreshed > min(self.ttl_ms / 3000, 60.0):
             await self._announce()
         counts = await self.client.hlen(self.keys.results) + await self.client.hlen(self.keys.dead)

@@ -315,3 +315,34 @@ async def test_poison_job_is_dead_lettered_alone(
     assert counts.dead_lettered == [3], "no innocent sibling is dead-lettered"
     assert (await asyncio.to_thread(executions, harness.exec_log))[3] == 3
     assert sum(w.starts for w in workers) - 2 == 3  # one worker restart per delivery
+
+
+async def test_jobs_lost_while_the_run_survives_are_published_again(
+    start_redis: Callable[..., RedisProc],
+    start_worker: Callable[..., WorkerProc],
+    harness: Harness,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A partial loss (AOF fsync'd every second, a failover): the run's metadata
+    # survives but the jobs it published do not. The parent notices and publishes again.
+    from langgraph_batch.distributed._redis import connect
+
+    redis = await asyncio.to_thread(start_redis)
+    parent = asyncio.create_task(
+        run_parent(parent_graph(executor(redis.url)), [{"x": i} for i in range(4)])
+    )
+    client = connect(redis.url)
+    try:
+        queued: list[bytes] = []
+        while not queued:
+            queued = [k async for k in client.scan_iter(match="{lgb:*}:queued")]
+            await asyncio.sleep(0.02)
+        tag = queued[0].decode().removesuffix(":queued")
+        assert await client.delete(f"{tag}:jobs", f"{tag}:queued") == 2
+    finally:
+        await client.aclose()
+    await _start(start_worker, [redis.url], "--concurrency", "4")
+    async with asyncio.timeout(30):
+        out, _ = await parent
+    assert out == [0, 2, 4, 6]
+    assert "jobs missing in Redis; publishing them again" in caplog.text
