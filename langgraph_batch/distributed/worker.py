@@ -313,6 +313,7 @@ class Worker:
             except RESPONSE_ERRORS as exc:
                 # A run's stream or group went away (finished, cancelled, lost).
                 logger.debug("worker %s: %s; listing runs again", self.name, exc)
+                self._runs.clear()
                 next_refresh = 0.0
                 await asyncio.sleep(0.01)
 
@@ -345,6 +346,8 @@ class Worker:
             }
             if meta.get("graph") != self.graph_path or meta.get("state") != "running":
                 continue
+            if not await self._client.exists(keys.jobs):
+                continue  # not published yet, or lost: the parent publishes it again
             try:
                 run = _Run(
                     keys=keys,
