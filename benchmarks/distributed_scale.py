@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
@@ -175,6 +176,15 @@ async def timed(graph: Any, items: list[int]) -> float:
     return took
 
 
+def cpu(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by these processes."""
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -186,6 +196,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     redis, url = start_redis(tmp)
     emu = EmulatorProcess(EmulatorConfig(port=0, profile="zero", scenario="echo", output_tokens=4))
     emu.start()
+    emu_pid = next(
+        c.pid
+        for c in psutil.Process().children()
+        if "langgraph_batch.emulator" in " ".join(c.cmdline())
+    )
     llm_url = f"vllm://{emu.url.removeprefix('http://')}"
     os.environ["LGB_BENCH_LLM_URL"] = llm_url
     ex = RedisExecutor(url, graph=GRAPH, lease_s=10.0, poll_s=0.5)
@@ -207,7 +222,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 procs = start_workers(workers, url, llm_url, args.concurrency, tmp)
                 try:
                     await timed(remote, [spin] * (8 * workers))  # warm-up (imports happen at start)
+                    others = [redis.pid, emu_pid, os.getpid()]
+                    before = cpu([p.pid for p in procs]), cpu(others)
                     run[f"workers_{workers}_s"] = await timed(remote, [spin] * args.n)
+                    after = cpu([p.pid for p in procs]), cpu(others)
+                    run[f"workers_{workers}_cpu_ms_per_sibling"] = (
+                        1000 * (after[0] - before[0]) / args.n
+                    )
+                    run[f"workers_{workers}_other_cpu_ms_per_sibling"] = (
+                        1000 * (after[1] - before[1]) / args.n
+                    )
+                    run[f"workers_{workers}_loadavg"] = os.getloadavg()[0]
                     if workers == 1 and rep == 0:
                         run["latency"] = await latency(local, remote, args.latency_n)
                 finally:
@@ -256,12 +281,18 @@ def main(argv: list[str] | None = None) -> int:
         f"\ndistributed fan_out, {args.n} siblings x {args.work_ms:.0f} ms CPU + 1 LLM call "
         f"(EMULATED zero-cost server), {os.cpu_count()} cores"
     )
-    print("| run | in-process /s | 1 worker /s | 2 workers /s | 2 vs 1 |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| run | in-process /s | 1 worker /s | 2 workers /s | 2 vs 1 | worker CPU ms/sibling "
+        "(1w, 2w) | parent+emulator+redis CPU ms/sibling | load avg (1w, 2w) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in runs:
         print(
             f"| {r['repeat']} | {r['in_process_per_s']:.1f} | {r['workers_1_per_s']:.1f} | "
-            f"{r['workers_2_per_s']:.1f} | {r['speedup_2_over_1']:.2f}x |"
+            f"{r['workers_2_per_s']:.1f} | {r['speedup_2_over_1']:.2f}x | "
+            f"{r['workers_1_cpu_ms_per_sibling']:.1f}, {r['workers_2_cpu_ms_per_sibling']:.1f} | "
+            f"{r['workers_2_other_cpu_ms_per_sibling']:.1f} | "
+            f"{r['workers_1_loadavg']:.1f}, {r['workers_2_loadavg']:.1f} |"
         )
     lat = runs[0]["latency"]
     print(
