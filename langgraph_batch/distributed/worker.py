@@ -311,11 +311,15 @@ class Worker:
                         await stop.wait()
                 delay = min(delay * 2, 2.0)
             except RESPONSE_ERRORS as exc:
-                # A run's stream or group went away (finished, cancelled, lost).
-                logger.debug("worker %s: %s; listing runs again", self.name, exc)
                 self._runs.clear()
                 next_refresh = 0.0
-                await asyncio.sleep(0.01)
+                if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
+                    # A run's stream or group went away (finished, cancelled, lost).
+                    logger.debug("worker %s: %s; listing runs again", self.name, exc)
+                    await asyncio.sleep(0.01)
+                else:  # e.g. NOPERM: an ACL user without a command the worker needs
+                    logger.warning("worker %s: Redis refused a command: %s", self.name, exc)
+                    await asyncio.sleep(self.block_s)
 
     def _running(self) -> int:
         return sum(1 for j in self._jobs.values() if j.task is not None)

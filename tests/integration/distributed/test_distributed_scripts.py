@@ -249,3 +249,35 @@ async def test_single_flight_takes_over_from_a_dead_leader(client: Any) -> None:
 async def _later(coro: Any) -> Any:
     await asyncio.sleep(0.02)
     return await coro
+
+
+async def test_single_flight_renews_its_lock_and_never_crosses_runs(client: Any) -> None:
+    runs = {"a": (RunKeys(new_run_id()), TTL), "b": (RunKeys(new_run_id()), TTL)}
+    for run, _ in runs.values():
+        await client.hset(run.meta, "sentinel", "1")
+    other = connect(_url(client))
+    stores = [
+        RedisFlightStore(c, serde=Serde(), runs=runs.get, lease_s=0.3, wait_s=0.1)
+        for c in (client, other)
+    ]
+    calls: list[str] = []
+
+    def slow(tag: str) -> Callable[[], Any]:
+        async def tool() -> str:
+            calls.append(tag)
+            await asyncio.sleep(1.0)  # three leases: the leader must keep renewing
+            return f"value-{tag}"
+
+        return tool
+
+    key = ("search", '{"q":"x"}')
+    try:
+        got = await asyncio.gather(
+            stores[0].run("a", key, slow("a"), lambda v: True),
+            _later(stores[1].run("a", key, slow("a"), lambda v: True)),
+            stores[1].run("b", key, slow("b"), lambda v: True),
+        )
+    finally:
+        await other.aclose()
+    assert got == ["value-a", "value-a", "value-b"]
+    assert sorted(calls) == ["a", "b"]  # once per run, and each run its own
