@@ -23,6 +23,7 @@ binds its tools with the wrapped model's own `bind_tools`, calls `ainvoke`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -38,6 +39,7 @@ from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import BaseModel, SecretBytes, SecretStr
 
+from langgraph_batch._loop import background_loop
 from langgraph_batch.backends._langchain_convert import (
     StreamedCalls,
     finish_reason,
@@ -75,6 +77,7 @@ _HANDLED = frozenset(
 )
 _DROPPED = frozenset({"stream_options", "model"})
 
+_END = object()
 _MODEL_NAME_FIELDS = ("model_name", "model", "model_id", "deployment_name")
 
 # The inner call is this backend's "HTTP request": it must not report its own
@@ -197,6 +200,15 @@ class LangChainBackend(Backend):
             (default: True for OpenAI-like models).
         timeout: Seconds one call may take when the request sets no timeout
             (None: no limit beyond the wrapped model's own).
+        isolate_loop: Run every call of the wrapped model on langgraph-batch's
+            background event loop, whatever loop the caller runs in. Provider
+            SDKs bind their pooled HTTP connections to the loop that first used
+            them (langchain-openai even shares one cached client per base URL),
+            so a model called from several loops fails with "bound to a
+            different event loop" or "Event loop is closed": BatchedChatModel's
+            sync calls run on the background loop, async ones on yours, and
+            each `asyncio.run` is a new loop. False: call in the caller's loop
+            (one thread hop less; use it when one loop does all the calls).
 
     Raises:
         TypeError: If `chat_model` is not a `BaseChatModel`.
@@ -228,6 +240,7 @@ class LangChainBackend(Backend):
         key: str | None = None,
         pass_response_format: bool | None = None,
         timeout: float | None = None,
+        isolate_loop: bool = True,
     ) -> None:
         if not isinstance(chat_model, BaseChatModel):
             raise TypeError(
@@ -245,6 +258,8 @@ class LangChainBackend(Backend):
             self._openai_like if pass_response_format is None else pass_response_format
         )
         self._timeout = timeout
+        self._isolate_loop = isolate_loop
+        self._home_started = False
         suffix = key if key is not None else _fingerprint(chat_model)
         self._key = f"LangChainBackend:{type(chat_model).__name__}:{self._model_name}:{suffix}"
         retries = getattr(chat_model, "max_retries", None)
@@ -294,9 +309,47 @@ class LangChainBackend(Backend):
     ) -> ChatResponse:
         """Run one request on the wrapped model (`ainvoke`, or `astream` when streaming).
 
+        With `isolate_loop` the call runs on langgraph-batch's background loop;
+        streamed chunks still reach `on_chunk` from the calling task, in order,
+        before this returns. Cancelling the caller cancels the call there.
+
         Raises:
             BackendError: A subclass for every failure of the wrapped model.
         """
+        home = background_loop() if self._isolate_loop else None
+        if home is None or home.in_loop_thread():
+            return await self._chat(request, on_chunk)
+        if not self._home_started:
+            # Starting the loop's thread blocks briefly: not on the caller's loop.
+            await asyncio.to_thread(lambda: home.loop)
+            self._home_started = True
+        if on_chunk is None:
+            return await asyncio.wrap_future(home.submit(self._chat(request, None)))
+        caller = asyncio.get_running_loop()
+        chunks: asyncio.Queue[Any] = asyncio.Queue()
+
+        def relay(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop is gone
+                caller.call_soon_threadsafe(chunks.put_nowait, item)
+
+        async def run() -> ChatResponse:
+            try:
+                return await self._chat(request, relay)
+            finally:
+                relay(_END)  # after every chunk: the caller drains them all first
+
+        future = asyncio.wrap_future(home.submit(run()))
+        try:
+            while (item := await chunks.get()) is not _END:
+                on_chunk(item)
+            return await future
+        finally:
+            if not future.done():
+                future.cancel()  # cancels the call on the background loop
+
+    async def _chat(
+        self, request: ChatRequest, on_chunk: Callable[[ChatChunk], None] | None
+    ) -> ChatResponse:
         timeout = request.timeout if request.timeout is not None else self._timeout
         deadline = asyncio.timeout(timeout)
         try:

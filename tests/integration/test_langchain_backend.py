@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import operator
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
+import httpx
 import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessageChunk
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 from langgraph_batch import BatchedChatModel, BatchMiddleware, BatchPolicy, fan_out
+from langgraph_batch._loop import background_loop
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.tools import coalesce
 
@@ -43,15 +45,35 @@ LOOKUP = {
 }
 
 
-def chat_openai(url: str) -> ChatOpenAI:
+def _build(url: str, http: httpx.AsyncClient) -> LangChainBackend:
     # max_retries=0: the scheduler, not the SDK, retries (and sees every 429).
-    return ChatOpenAI(model=MODEL, base_url=url + "/v1", api_key="x", max_retries=0)  # type: ignore[arg-type]
+    # Its own async client: langchain-openai otherwise shares one cached client
+    # per base URL across the process, and test_emulator_clients.py used that one
+    # from its own (since closed) event loops.
+    model = ChatOpenAI(
+        model=MODEL,
+        base_url=url + "/v1",
+        api_key="x",  # type: ignore[arg-type]
+        max_retries=0,
+        http_async_client=http,
+    )
+    return LangChainBackend(model)
 
 
-@pytest.fixture(scope="module")
-def wrapped(emulator_url: str) -> LangChainBackend:
-    """Built off the event loop: the SDK reads package metadata on first use."""
-    return LangChainBackend(chat_openai(emulator_url))
+@pytest.fixture
+async def wrap() -> AsyncIterator[Callable[[str], Awaitable[LangChainBackend]]]:
+    """`await wrap(url)`: ChatOpenAI at `url` in a LangChainBackend, built off the loop
+    (the SDK reads package metadata and CA files on first use)."""
+    clients: list[httpx.AsyncClient] = []
+
+    async def make(url: str) -> LangChainBackend:
+        http = await asyncio.to_thread(httpx.AsyncClient)
+        clients.append(http)
+        return await asyncio.to_thread(_build, url, http)
+
+    yield make
+    for http in clients:  # on the loop that used it (LangChainBackend's home loop)
+        await asyncio.wrap_future(background_loop().submit(http.aclose()))
 
 
 class Verdict(BaseModel):
@@ -59,8 +81,10 @@ class Verdict(BaseModel):
     confidence: float
 
 
-async def test_tools_structured_output_streaming_and_usage(wrapped: LangChainBackend) -> None:
-    llm = BatchedChatModel(model=MODEL, backend=wrapped)
+async def test_tools_structured_output_streaming_and_usage(
+    emulator_url: str, wrap: Callable[[str], Awaitable[LangChainBackend]]
+) -> None:
+    llm = BatchedChatModel(model=MODEL, backend=await wrap(emulator_url))
 
     msg = await llm.bind_tools([LOOKUP], tool_choice="required").ainvoke("search key=lc1")
     assert msg.tool_calls[0]["name"] == "lookup"
@@ -104,12 +128,12 @@ class Parent(TypedDict, total=False):
 
 
 async def test_fan_out_of_agents_with_injected_429s(
-    start_emulator: Callable[..., str],
+    start_emulator: Callable[..., str], wrap: Callable[[str], Awaitable[LangChainBackend]]
 ) -> None:
     url = await asyncio.to_thread(
         start_emulator, fault_rate=0.3, faults=("429",), retry_after_s=0.01
     )
-    backend = await asyncio.to_thread(LangChainBackend, chat_openai(url))
+    backend = await wrap(url)
     llm = BatchedChatModel(
         model=MODEL,
         backend=backend,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -15,13 +17,13 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages.tool import invalid_tool_call
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 
 from langgraph_batch._convert import messages_to_openai
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.backends._langchain_convert import openai_to_messages
 from langgraph_batch.backends.base import ChatChunk, ChatRequest
-from langgraph_batch.errors import BackendBadRequestError, BackendTimeoutError
+from langgraph_batch.errors import BackendBadRequestError, BackendError, BackendTimeoutError
 from tests.unit.backends._lc_fakes import ProviderFake, reply
 
 WEATHER = {
@@ -257,8 +259,6 @@ async def test_generic_fake_chat_model_streams_through() -> None:
 
 
 async def test_timeout_is_a_backend_timeout() -> None:
-    import asyncio
-
     never = asyncio.Event()
 
     class Slow(ProviderFake):
@@ -328,3 +328,69 @@ def test_exported_from_backends() -> None:
 
     assert "LangChainBackend" in backends.__all__
     assert backends.LangChainBackend is LangChainBackend
+
+
+class LoopBound(ProviderFake):
+    """Like a provider SDK's pooled HTTP client: usable only from the loop that first used it."""
+
+    loops: list[Any] = Field(default_factory=list, exclude=True)
+
+    async def _agenerate(
+        self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> Any:
+        loop = asyncio.get_running_loop()
+        if self.loops and loop is not self.loops[0]:
+            raise RuntimeError("<Event> is bound to a different event loop")
+        self.loops.append(loop)
+        return await super()._agenerate(messages, stop, run_manager, **kw)
+
+
+def test_calls_from_several_event_loops_share_one_home_loop() -> None:
+    # Each asyncio.run is a new loop (so are BatchedChatModel's sync calls, on
+    # the background loop): by default the wrapped model only ever sees one.
+    fake = LoopBound(script=lambda m, k: reply("hi"))
+    backend = LangChainBackend(fake)
+    for _ in range(3):
+        assert asyncio.run(backend.chat(request())).content == "hi"
+    assert len(fake.loops) == 3
+    assert len(set(map(id, fake.loops))) == 1
+
+    chunks: list[ChatChunk] = []
+
+    async def streamed() -> str | None:
+        resp = await backend.chat(request(stream=True), on_chunk=chunks.append)
+        return resp.content
+
+    fake.script = lambda m, k: reply("one two three")
+    assert asyncio.run(streamed()) == "one two three"
+    assert "".join(c.content for c in chunks) == "one two three"  # relayed, in order
+
+    # Without isolation the second loop breaks the model, as it would a real SDK.
+    direct = LangChainBackend(LoopBound(script=lambda m, k: reply("hi")), isolate_loop=False)
+    asyncio.run(direct.chat(request()))
+    with pytest.raises(BackendError, match="different event loop"):
+        asyncio.run(direct.chat(request()))
+
+
+async def test_cancelling_the_caller_cancels_the_call_on_the_home_loop() -> None:
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    class Hanging(ProviderFake):
+        async def _agenerate(
+            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
+        ) -> Any:
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    backend = LangChainBackend(Hanging(script=None))
+    task = asyncio.create_task(backend.chat(request()))
+    assert await asyncio.to_thread(started.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(cancelled.wait, 5)
