@@ -278,6 +278,9 @@ class _NaiveState(TypedDict, total=False):
     findings: Annotated[list[dict[str, Any]], operator.add]
 
 
+_NO_CHAT_OPENAI_SAID: list[bool] = []  # say it once, not again for the warm-up run
+
+
 async def _run_naive(url: str, model: str, n: int, service: _ToolService) -> _RunReport:
     clock = [time.monotonic()]
     search = _make_tool(service)
@@ -288,6 +291,13 @@ async def _run_naive(url: str, model: str, n: int, service: _ToolService) -> _Ru
         from langgraph_batch.chat_model import BatchedChatModel
 
         label = "plain Send + BatchedChatModel (langchain-openai not installed)"
+        if not _NO_CHAT_OPENAI_SAID:
+            _NO_CHAT_OPENAI_SAID.append(True)
+            _say(
+                "langchain-openai is not installed: the plain-LangGraph baseline calls the "
+                "server through BatchedChatModel instead of ChatOpenAI. For the real baseline: "
+                "pip install 'langgraph-batch[demo]'"
+            )
         llm = BatchedChatModel(model_name=model, base_url=_vllm_url(url), max_tokens=256)
     else:
         label = "plain LangGraph (Send + ChatOpenAI + ToolNode)"
@@ -378,8 +388,17 @@ def _backend(args: argparse.Namespace) -> Iterator[tuple[str, bool]]:
             url = url[:-3]
         yield url, False
         return
-    from langgraph_batch.emulator.config import EmulatorConfig
-    from langgraph_batch.emulator.process import EmulatorProcess
+    try:
+        from langgraph_batch.emulator.config import EmulatorConfig
+        from langgraph_batch.emulator.process import EmulatorProcess
+    except ImportError:  # the optional `emulator` extra (part of `demo`)
+        from langgraph_batch._extras import missing_extra
+
+        raise missing_extra(
+            "demo",
+            "the demo's built-in emulator needs starlette and uvicorn "
+            "(or pass --backend-url to use your own server)",
+        ) from None
 
     cfg = EmulatorConfig(
         port=0,

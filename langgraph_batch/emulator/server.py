@@ -26,10 +26,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from langgraph_batch._extras import missing_extra
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+except ImportError:  # the optional `emulator` extra
+    raise missing_extra("emulator", "the emulator needs starlette and uvicorn") from None
 
 from langgraph_batch.emulator import _openai_api, sglang
 from langgraph_batch.emulator._http import RequestError, RequestOptions, Watch
