@@ -177,6 +177,8 @@ class _FanOutRun:
 
     node: str
     group: str
+    run_id: str
+    """Unique to this invocation (coalesced tools share within it, never across runs)."""
     total: int
     admission: SiblingAdmission
     scheduler: Any
@@ -264,15 +266,15 @@ def _loop_scheduler() -> Any:
     return found[0] if len(found) == 1 else None
 
 
-def _forget_run(group: str) -> None:
-    """Drop what coalesced tools cached for this run (the tools module is optional here)."""
-    tools = sys.modules.get("langgraph_batch.tools")
+def _forget_run(run_id: str) -> None:
+    """Drop what coalesced tools kept for this run (the tools module is optional here)."""
+    tools = sys.modules.get("langgraph_batch._tool_policy")
     forget = getattr(tools, "forget_run", None)
     if callable(forget):
         try:
-            forget(group)
+            forget(run_id)
         except Exception:
-            logger.debug("fan_out: forget_run(%s) failed", group, exc_info=True)
+            logger.warning("fan_out: forget_run(%s) failed", run_id, exc_info=True)
 
 
 def _default_input(item: Any, index: int) -> Any:
@@ -520,6 +522,7 @@ async def _run_fan_out(
     run = _FanOutRun(
         node=label,
         group=_group_id(config),
+        run_id=uuid.uuid4().hex,
         total=len(items),
         admission=admission,
         scheduler=scheduler,
@@ -536,7 +539,7 @@ async def _run_fan_out(
         run_done.set()
         if sizer is not None and not sizer.done():
             sizer.cancel()  # never awaited here: this task may itself be cancelled
-        _forget_run(run.group)
+        _forget_run(run.run_id)
     results = spec.collect(run, out.get("results") or [])
     errors = [r for r in results if isinstance(r, SiblingError)]
     run.done, run.failed = len(results), len(errors)
@@ -566,7 +569,13 @@ def _build_inner(spec: _Spec, subgraph: Any) -> Any:
         run: _FanOutRun = (config.get("configurable") or {})[_RUN_KEY]
         index: int = payload["index"]
         item = payload["item"]
-        info = SiblingInfo(group=run.group, index=index, total=run.total, admission=run.admission)
+        info = SiblingInfo(
+            group=run.group,
+            index=index,
+            total=run.total,
+            admission=run.admission,
+            run_id=run.run_id,
+        )
         child = merge_configs(
             config,
             {
