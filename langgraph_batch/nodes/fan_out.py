@@ -57,7 +57,7 @@ import operator
 import sys
 import traceback as tb
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -185,6 +185,7 @@ class _FanOutRun:
     writer: Callable[[Any], None]
     done: int = 0
     failed: int = 0
+    emit_failed: bool = False
 
     def emit(self, event: str, **fields: Any) -> None:
         fields.setdefault("stats", _scheduler_stats(self.scheduler))
@@ -201,7 +202,15 @@ class _FanOutRun:
                     **fields,
                 )
             )
-        except Exception:  # progress must never break a run
+        except Exception as exc:  # progress must never break a run, nor fail unseen
+            if not self.emit_failed:
+                self.emit_failed = True
+                logger.warning(
+                    "fan_out %s: progress events cannot be written (%s); the run goes on "
+                    "without them",
+                    self.node,
+                    type(exc).__name__,
+                )
             logger.debug("fan_out %s: could not write a progress event", self.node, exc_info=True)
 
 
@@ -277,6 +286,18 @@ def _forget_run(run_id: str) -> None:
             logger.warning("fan_out: forget_run(%s) failed", run_id, exc_info=True)
 
 
+def _report_sizer(task: asyncio.Task[None]) -> None:
+    """The sizer is never awaited (the run may be cancelled): report its failure here."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.warning(
+            "fan_out: sizing the admission gate failed (%s); running without a KV budget",
+            type(exc).__name__,
+        )
+
+
 def _default_input(item: Any, index: int) -> Any:
     return item
 
@@ -313,9 +334,16 @@ class _Spec:
                     f"fan_out {self.name!r}: the state has no key {self.items!r} to read "
                     f"items from; pass items= the right key or a callable(state)"
                 ) from None
-        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence | set | frozenset):
+        if isinstance(seq, Set):
             raise TypeError(
-                f"fan_out {self.name!r}: items must be a sequence, got {type(seq).__name__}"
+                f"fan_out {self.name!r}: items is a {type(seq).__name__}, which has no input "
+                f"order, but results come back in input order; pass a list (for example "
+                f"sorted(...) of it)"
+            )
+        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence):
+            raise TypeError(
+                f"fan_out {self.name!r}: items must be a sequence (a list or tuple), "
+                f"got {type(seq).__name__}"
             )
         items = list(seq)
         if self.make_input is None:
@@ -435,22 +463,19 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
         kv_headroom: float = DEFAULT_KV_HEADROOM,
     ) -> None:
-        if not callable(getattr(subgraph, "ainvoke", None)):
-            raise TypeError(
-                f"fan_out needs a compiled graph or Runnable with ainvoke, got {type(subgraph)!r}"
-            )
-        if not (isinstance(items, str) or callable(items)):
-            raise TypeError(f"items must be a state key or a callable(state), got {items!r}")
-        if not isinstance(into, str) or not into:
-            raise ValueError(f"into must be a non-empty state key, got {into!r}")
-        if on_error not in ("collect", "raise"):
-            raise ValueError(f"on_error must be 'collect' or 'raise', got {on_error!r}")
-        if max_active is not None and (isinstance(max_active, bool) or max_active < 1):
-            raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
-        if sibling_tokens < 1:
-            raise ValueError(f"sibling_tokens must be >= 1, got {sibling_tokens!r}")
-        if not 0.0 < kv_headroom <= 1.0:
-            raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
+        _validate(
+            subgraph=subgraph,
+            items=items,
+            into=into,
+            make_input=make_input,
+            result=result,
+            on_error=on_error,
+            max_active=max_active,
+            scheduler=scheduler,
+            name=name,
+            sibling_tokens=sibling_tokens,
+            kv_headroom=kv_headroom,
+        )
         node_name = name or f"fan_out[{getattr(subgraph, 'name', None) or 'subgraph'}]"
         self.subgraph = subgraph
         self.spec = _Spec(
@@ -478,6 +503,69 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
     def __repr__(self) -> str:
         sub = getattr(self.subgraph, "name", None) or type(self.subgraph).__name__
         return f"FanOutNode(name={self.name!r}, subgraph={sub!r}, into={self.spec.into!r})"
+
+
+def _validate(
+    *,
+    subgraph: Any,
+    items: Any,
+    into: Any,
+    make_input: Any,
+    result: Any,
+    on_error: Any,
+    max_active: Any,
+    scheduler: Any,
+    name: Any,
+    sibling_tokens: Any,
+    kv_headroom: Any,
+) -> None:
+    """Refuse bad `fan_out` arguments at construction, naming the bad value."""
+    if not callable(getattr(subgraph, "ainvoke", None)):
+        raise TypeError(
+            f"fan_out needs a compiled graph or Runnable with ainvoke, got {type(subgraph)!r}"
+        )
+    if isinstance(items, str):
+        if not items:
+            raise ValueError("items must be a non-empty state key or a callable(state), got ''")
+    elif not callable(items):
+        raise TypeError(f"items must be a state key or a callable(state), got {items!r}")
+    if not isinstance(into, str) or not into:
+        raise ValueError(f"into must be a non-empty state key, got {into!r}")
+    for label, fn in (("make_input", make_input), ("result", result)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{label} must be a callable or None, got {fn!r}")
+    if on_error not in ("collect", "raise"):
+        raise ValueError(f"on_error must be 'collect' or 'raise', got {on_error!r}")
+    if max_active is not None and not _positive_int(max_active):
+        raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
+    if scheduler is not None:
+        if isinstance(scheduler, str):
+            if not scheduler:
+                raise ValueError("scheduler must be a Scheduler, a registry name or None, got ''")
+        elif not callable(getattr(scheduler, "stats", None)):
+            hint = (
+                "; pass model.get_scheduler() for a BatchedChatModel"
+                if callable(getattr(scheduler, "get_scheduler", None))
+                else ""
+            )
+            raise TypeError(
+                f"scheduler must be a Scheduler, a registry name or None, "
+                f"got {type(scheduler).__name__}{hint}"
+            )
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"name must be a non-empty string or None, got {name!r}")
+    if not _positive_int(sibling_tokens):
+        raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
+    if (
+        isinstance(kv_headroom, bool)
+        or not isinstance(kv_headroom, int | float)
+        or not 0.0 < kv_headroom <= 1.0
+    ):
+        raise ValueError(f"kv_headroom must be a number in (0, 1], got {kv_headroom!r}")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _build_runner(
@@ -516,6 +604,7 @@ async def _run_fan_out(
         # call. Let one sibling in, find that scheduler, then size the gate.
         admission.start_sizing()
         sizer = asyncio.create_task(spec.size_later(admission, run_done))
+        sizer.add_done_callback(_report_sizer)
     label = spec.name
     if not spec.named:
         label = str((config.get("metadata") or {}).get("langgraph_node") or label)
@@ -601,13 +690,22 @@ def _build_inner(spec: _Spec, subgraph: Any) -> Any:
             err = SiblingError.from_exception(exc, index=index, item=item)
             run.done += 1
             run.failed += 1
-            logger.debug(
-                "fan_out %s: sibling %s failed: %s: %s",
+            # The exception's message may quote anything (a URL with credentials,
+            # a tool's input): the log names the type only; the SiblingError
+            # in the results carries the message.
+            logger.warning(
+                "fan_out %s: sibling %d failed: %s (retryable: %s); its SiblingError "
+                "holds the message",
                 run.node,
                 index,
                 err.error_type,
-                err.message,
-                extra={"lgb_group": run.group, "lgb_index": index},
+                err.retryable,
+                extra={
+                    "lgb_group": run.group,
+                    "lgb_index": index,
+                    "lgb_error_type": err.error_type,
+                    "lgb_retryable": err.retryable,
+                },
             )
             run.emit(
                 "sibling_failed",
@@ -684,9 +782,16 @@ def fan_out(
         A `FanOutNode` to add with `builder.add_node("name", node)`.
 
     Raises:
-        TypeError: if `subgraph` cannot be invoked asynchronously or `items`
-            is neither a key nor a callable.
-        ValueError: for a bad `into`, `on_error`, `max_active` or `sibling_tokens`.
+        TypeError: if `subgraph` cannot be invoked asynchronously, `items` is
+            neither a key nor a callable, `make_input`/`result` is not
+            callable, or `scheduler` is not a Scheduler or a name.
+        ValueError: for a bad `into`, `on_error`, `max_active`, `name`,
+            `sibling_tokens` or `kv_headroom`.
+
+    At run time, items that are not a list or tuple (a set has no input
+    order; a generator or a mapping is not a sequence) raise `TypeError`.
+    Every failed sibling is logged at WARNING (its index and error type,
+    never the message, which may quote secrets).
 
     Example:
         ```python
