@@ -120,7 +120,7 @@ async def test_every_sibling_failure_logs_a_warning_without_the_message(
 async def test_a_broken_progress_writer_is_reported_once_and_never_fails_the_run(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fan_out_module = importlib.import_module("langgraph_batch.nodes.fan_out")
+    run_module = importlib.import_module("langgraph_batch.nodes._run")
 
     calls = 0
 
@@ -129,7 +129,7 @@ async def test_a_broken_progress_writer_is_reported_once_and_never_fails_the_run
         calls += 1
         raise ConnectionResetError("the stream's consumer went away")
 
-    monkeypatch.setattr(fan_out_module, "_stream_writer", lambda: broken)
+    monkeypatch.setattr(run_module, "get_stream_writer", lambda: broken)
     node = fan_out(
         number_graph(),
         items="xs",
