@@ -100,10 +100,21 @@ class RateLimiter:
         return max(0.0, wait)
 
     async def acquire(self) -> None:
-        """Wait until this caller may start."""
+        """Wait until this caller may start.
+
+        A caller cancelled while it waits gives its start back when no later
+        caller has reserved one since (a start cannot be given back from the
+        middle of the queue without moving everyone behind it).
+        """
         wait = self.reserve()
         if wait > 0:
-            await self._sleep(wait)
+            reserved = self._tat
+            try:
+                await self._sleep(wait)
+            except asyncio.CancelledError:
+                if self._tat == reserved and reserved is not None:
+                    self._tat = reserved - self._interval
+                raise
 
 
 @dataclass(eq=False)

@@ -30,6 +30,8 @@ run scopes), `_coalesce` (single flight and kept results), `_tool_hooks`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -94,14 +96,30 @@ class _BatchToolHook:
         # loop, blocking it) and bridge its `execute` back to the loop.
         loop = asyncio.get_running_loop()
         user_wrap = self.user_wrap
+        started: list[concurrent.futures.Future[ToolResult]] = []
+        gone = threading.Event()
 
         async def run(req: ToolCallRequest) -> ToolResult:
             return await coalesced(req)
 
         def sync_execute(req: ToolCallRequest) -> ToolResult:
-            return asyncio.run_coroutine_threadsafe(run(req), loop).result()
+            future = asyncio.run_coroutine_threadsafe(run(req), loop)
+            started.append(future)
+            # Checked after the append: a cancellation either sees this future
+            # in `started` or has set `gone` before this line.
+            if gone.is_set():
+                future.cancel()
+            return future.result()
 
-        return await asyncio.to_thread(user_wrap, request, sync_execute)
+        try:
+            return await asyncio.to_thread(user_wrap, request, sync_execute)
+        except asyncio.CancelledError:
+            # The thread cannot be cancelled, but what it started on the loop
+            # can: never let an execution outlive its cancelled caller.
+            gone.set()
+            for future in started:
+                future.cancel()
+            raise
 
 
 class BatchToolNode(ToolNode):

@@ -310,3 +310,33 @@ def test_batch_middleware_is_lazy_and_unknown_names_fail() -> None:
     assert tools_module.BatchMiddleware is BatchMiddleware
     with pytest.raises(AttributeError, match="nope"):
         _ = tools_module.nope
+
+
+async def test_cancelling_a_call_through_a_sync_user_wrapper_cancels_the_execution() -> None:
+    """The sync `wrap_tool_call` runs in a worker thread that cannot be cancelled;
+    the execution it started on the loop must not outlive its cancelled caller."""
+    from langgraph_batch.tools import _BatchToolHook
+
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def execute(request: ToolCallRequest) -> ToolMessage:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+    def user_wrap(request: ToolCallRequest, call: Any) -> Any:
+        return call(request)
+
+    hook = _BatchToolHook(None, user_wrap)
+    task = asyncio.create_task(hook(request_for(double, {"x": 1}, "c"), execute))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(5):
+        await cancelled.wait()

@@ -463,3 +463,23 @@ def test_state_is_per_event_loop() -> None:
     # The semaphore of one loop is never used by another (asyncio primitives are loop-bound).
     assert asyncio.run(one()) == 1
     assert asyncio.run(one()) == 1
+
+
+async def test_a_cancelled_rate_limited_caller_gives_its_start_back() -> None:
+    clock = FakeClock()
+    gate = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        clock.sleeps.append(seconds)
+        await gate.wait()
+        clock.now += seconds
+
+    limiter = RateLimiter(1.0, clock=clock, sleep=sleep)
+    await limiter.acquire()  # starts at once
+    waiting = asyncio.create_task(limiter.acquire())  # reserved t=1.0
+    await until(lambda: len(clock.sleeps) == 1)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    # The next caller gets the start the cancelled one gave back: t=1.0, not 2.0.
+    assert limiter.reserve() == pytest.approx(1.0)
