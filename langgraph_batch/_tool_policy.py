@@ -192,7 +192,8 @@ def run_scope() -> Hashable | None:
     its `Runtime.control` object (LangGraph creates one per root invocation;
     subgraphs, Send tasks and nested graphs inherit it; checked on langgraph
     1.2). None outside any run, or on a LangGraph without run control:
-    nothing is then shared.
+    nothing is then shared. (A `control=` object passed by hand to two
+    invocations makes them one scope: LangGraph asks for one per run.)
 
     Returns:
         A hashable scope, or None.
@@ -327,7 +328,7 @@ def coalesce(
     time, never stored. `InjectedToolCallId` is allowed (a shared
     `ToolMessage` gets each caller's id).
 
-    !!! version-changed "Changed in 0.2"
+    !!! version-changed "Changed after 0.1.0"
         Sharing no longer crosses runs: `scope="run"` outside fan_out and
         `scope="inflight"` used to share among every concurrent call of the
         process, and `ttl` kept results process-wide. Use `scope="global"`

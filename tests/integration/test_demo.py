@@ -50,17 +50,17 @@ def test_demo_against_an_emulator_reached_by_url_says_emulated(
 ) -> None:
     flavor = "sglang" if scheme == "sglang" else "vllm"
     url = start_emulator(
-        flavor=flavor, time_scale=20.0, turns=2, output_tokens=200, model="emulated-llama-3-8b"
+        flavor=flavor, time_scale=50.0, turns=2, output_tokens=200, model="emulated-llama-3-8b"
     )
     backend_url = url.replace("http://", f"{scheme}://")
-    proc = run_demo("--n", "6", "--backend-url", backend_url, "--no-progress")
+    proc = run_demo("--n", "4", "--backend-url", backend_url, "--no-progress")
     out = proc.stdout
     assert proc.returncode == 0, (out[-3000:], proc.stderr[-3000:])
     engine = "SGLang" if flavor == "sglang" else "vLLM"
-    assert f"EMULATED {engine} (h100-llama3-8b profile, time scale 20) at {backend_url}" in out
+    assert f"EMULATED {engine} (h100-llama3-8b profile, time scale 50) at {backend_url}" in out
     assert "Real inference server" not in out
-    assert "Results: 6/6 siblings answered, 0 failed." in out
-    assert "done: 6/6 answered" in out
+    assert "Results: 4/4 siblings answered, 0 failed." in out
+    assert "done: 4/4 answered" in out
     assert "speed-up:" in out
     assert "Traceback" not in proc.stderr
 
@@ -72,7 +72,7 @@ def free_port() -> int:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("scheme", ["vllm", "http", "sglang"])
+@pytest.mark.parametrize("scheme", ["vllm", "http"])
 def test_demo_against_a_dead_url_fails_clearly(scheme: str) -> None:
     url = f"{scheme}://127.0.0.1:{free_port()}"
     proc = run_demo("--n", "2", "--backend-url", url, timeout=50)
@@ -129,7 +129,7 @@ class _Proxy(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def baseline_refusing_proxy(start_emulator: Callable[..., str]) -> Iterator[str]:
-    url = start_emulator(time_scale=20.0, turns=2, output_tokens=200, model="emulated-llama-3-8b")
+    url = start_emulator(time_scale=50.0, turns=2, output_tokens=200, model="emulated-llama-3-8b")
     parts = urlsplit(url)
     handler = type("Proxy", (_Proxy,), {"upstream": (parts.hostname, parts.port)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
