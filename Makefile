@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-## The main job: a fan-out against the built-in emulator (or BACKEND_URL=http://host:port).
+## The main job: a fan-out against the built-in emulator (or BACKEND_URL=vllm://host:port; key in LGB_API_KEY).
 demo: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
 

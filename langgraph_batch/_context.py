@@ -46,7 +46,7 @@ class SiblingInfo:
     """One running sibling of a fan_out. Mutable: turn and tool counters move."""
 
     group: str
-    """The fan_out run this sibling belongs to."""
+    """The fan_out run this sibling belongs to (stable across a resume when checkpointed)."""
     index: int
     """Position of the sibling's item in the input list."""
     total: int = 0
@@ -62,6 +62,9 @@ class SiblingInfo:
     """Prompt tokens of the sibling's first call that the server already had
     cached: the prefix it shares with its siblings (KV held once, not per sibling)."""
     admission: Admission | None = None
+    run_id: str | None = None
+    """Unique to one fan_out invocation (a resumed run gets a new one): what coalesced
+    tools share within. None: `group` is used."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -85,6 +88,10 @@ class SiblingInfo:
         self.tools_active -= 1
         if self.tools_active == 0 and self.admission is not None:
             await self.admission.acquire(self, returning=True)
+
+    def tool_abandon(self) -> None:
+        """Leave a tool that was cancelled: no waiting for a place (the sibling is ending)."""
+        self.tools_active = max(0, self.tools_active - 1)
 
 
 _SIBLING: ContextVar[SiblingInfo | None] = ContextVar("langgraph_batch_sibling", default=None)

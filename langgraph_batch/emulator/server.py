@@ -47,9 +47,14 @@ from langgraph_batch.emulator.protocol import now_s
 from langgraph_batch.emulator.scenarios import Plan, ScenarioOptions, plan_text
 from langgraph_batch.emulator.tokenizer import render_chat, tokenize
 
-__all__ = ("EmulatorServer", "RequestError")
+__all__ = ("EMULATOR_HEADER", "EMULATOR_ID", "EmulatorServer", "RequestError")
 
 logger = logging.getLogger(__name__)
+
+EMULATOR_HEADER = "x-langgraph-batch-emulator"
+"""Response header of `/version` saying the server is this emulator (never set by vLLM)."""
+EMULATOR_ID = "langgraph-batch"
+"""Its value, and the `emulator` field of the `/version` answer."""
 
 _OPTION_KEYS = {
     "scenario",
@@ -128,8 +133,15 @@ class EmulatorServer:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def version(self, request: HTTPRequest) -> Response:
-        """The vLLM version the emulator imitates."""
-        return JSONResponse({"version": "0.33.0"})
+        """The vLLM version the emulator imitates, and that it is the emulator.
+
+        Clients that reach it by URL (`make demo BACKEND_URL=...`) label their
+        output EMULATED from the `emulator` field or the header.
+        """
+        return JSONResponse(
+            {"version": "0.33.0", "emulator": EMULATOR_ID},
+            headers={EMULATOR_HEADER: EMULATOR_ID},
+        )
 
     async def metrics(self, request: HTTPRequest) -> Response:
         """Prometheus text with vLLM's (or SGLang's) metric names."""
