@@ -176,6 +176,7 @@ WORKLOADS: dict[str, Workload] = {
         distinct_keys=None,
         tool_concurrency=64,
         tool_result_words=500,
+        kv_tokens=440_000,
         time_scale=10.0,
         # batchagent is left out by default to keep `make bench` under 15 minutes
         # on 2 cores; run it with --contenders naive,batchagent,...

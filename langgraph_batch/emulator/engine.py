@@ -418,6 +418,7 @@ class Engine:
         attn_units = 0.0
         kv_tokens = 0
         sampled = 0
+        decodes = 0
         for req, n in items:
             shape_tokens += n
             end = req.num_computed + n
@@ -425,6 +426,7 @@ class Engine:
                 sampled += 1
             if n == 1 and req.num_computed >= req.prompt_len:
                 kv_tokens += end
+                decodes += 1
             else:
                 attn_units += n * (req.num_computed + n / 2)
         shape = StepShape(
@@ -433,6 +435,7 @@ class Engine:
             num_sampled=sampled,
             prefill_attn_units=attn_units,
             decode_kv_tokens=kv_tokens,
+            num_decodes=decodes,
         )
         step = ScheduledStep(
             items=items,
