@@ -39,12 +39,15 @@ from langgraph_batch.emulator.driver import RealTimeDriver
 from langgraph_batch.emulator.engine import Engine, Request
 from langgraph_batch.emulator.metrics import render_metrics, stats_dict
 from langgraph_batch.emulator.protocol import now_s
-from langgraph_batch.emulator.scenarios import Plan, ScenarioOptions, plan_text
-from langgraph_batch.emulator.tokenizer import render_chat, tokenize
+from langgraph_batch.emulator.scenarios import Plan, ScenarioOptions, fit_length, plan_text
+from langgraph_batch.emulator.tokenizer import IM_END, piece_ids, render_chat, tokenize
 
 __all__ = ("EmulatorServer", "RequestError")
 
 logger = logging.getLogger(__name__)
+
+_EOS_ID = tokenize(IM_END)[0]
+"""The token a chat turn ends with: what `ignore_eos` padding generates."""
 
 _OPTION_KEYS = {
     "scenario",
@@ -292,13 +295,38 @@ class EmulatorServer:
             )
         return raw
 
+    def fit_length(
+        self, plan: Plan, body: Mapping[str, Any], max_tokens: int, *, seed: object = ""
+    ) -> Plan:
+        """`plan` under the request's `max_tokens`, `ignore_eos` and `min_tokens` (as vLLM).
+
+        Raises:
+            RequestError: `ignore_eos` is not a boolean or `min_tokens` is out of range.
+        """
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise RequestError(f"'ignore_eos' must be a boolean, got {ignore_eos!r}.")
+        min_tokens = body.get("min_tokens", 0)
+        if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
+            raise RequestError(f"min_tokens must be >= 0, got {min_tokens!r}.")
+        if min_tokens > max_tokens:
+            raise RequestError(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                f"got {min_tokens}."
+            )
+        return fit_length(
+            plan, max_tokens=max_tokens, ignore_eos=ignore_eos, min_tokens=min_tokens, seed=seed
+        )
+
     # -- running requests ----------------------------------------------------
 
     def new_request(
         self, rid: str, prompt_ids: list[int], plan: Plan, *, priority: int, salt: str | None
     ) -> Request:
-        """An engine request generating `plan`'s tokens."""
-        out_ids = tokenize(plan.text) if plan.pieces else []
+        """An engine request generating `plan`'s tokens (hidden end-of-sequence ones included)."""
+        out_ids = piece_ids(plan.pieces)
+        if plan.hidden_tokens:
+            out_ids += [_EOS_ID] * plan.hidden_tokens
         return Request(
             request_id=rid,
             prompt_ids=prompt_ids,
@@ -359,7 +387,7 @@ class EmulatorServer:
         else:
             n = min(sopts.output_tokens, max_tokens)
         plan = plan_text(prompt, options=sopts, max_tokens=n)
-        if n >= max_tokens:
+        if plan.num_tokens >= max_tokens:
             plan = replace(plan, finish_reason="length")
         return plan
 
