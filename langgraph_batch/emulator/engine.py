@@ -65,6 +65,7 @@ class Request:
         "blocks",
         "cache_salt",
         "cached_tokens",
+        "finish_reason",
         "finish_time",
         "first_scheduled",
         "first_token_time",
@@ -115,6 +116,8 @@ class Request:
         self.first_scheduled: float | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
+        self.finish_reason = "length" if len(output_ids) < 1 else "stop"
+        """What the server reports when the request finishes (`stop`, `length`, ...)."""
         self.token_times: list[float] | None = None
         self.listener: Callable[[Request], None] | None = None
 

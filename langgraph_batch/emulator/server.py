@@ -37,7 +37,12 @@ from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
 from langgraph_batch.emulator.driver import RealTimeDriver
 from langgraph_batch.emulator.engine import Engine, Request
-from langgraph_batch.emulator.metrics import render_metrics, stats_dict
+from langgraph_batch.emulator.metrics import (
+    PHASE_FIELDS,
+    render_metrics,
+    request_phases,
+    stats_dict,
+)
 from langgraph_batch.emulator.protocol import now_s
 from langgraph_batch.emulator.scenarios import Plan, ScenarioOptions, fit_length, plan_text
 from langgraph_batch.emulator.tokenizer import IM_END, piece_ids, render_chat, tokenize
@@ -91,6 +96,7 @@ class EmulatorServer:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/emulator/stats", self.stats, methods=["GET"]),
             Route("/emulator/reset", self.reset, methods=["POST"]),
+            Route("/emulator/requests", self.requests, methods=["GET"]),
         ]
         if config.flavor == "sglang":
             routes += sglang.routes(self)
@@ -138,6 +144,21 @@ class EmulatorServer:
     async def stats(self, request: HTTPRequest) -> Response:
         """The engine counters as JSON."""
         return JSONResponse(stats_dict(self))
+
+    async def requests(self, request: HTTPRequest) -> Response:
+        """Server-side phases of the finished requests since the last reset (debug).
+
+        `?since=<engine seconds>` keeps those that arrived at or after it. Each
+        row: `[request_id, arrival, first_scheduled, first_token, finish,
+        preemptions, prompt_tokens, cached_tokens, output_tokens]`, times in
+        engine seconds (`engine_time_s` of `/emulator/stats` is the same clock).
+        """
+        try:
+            since = float(request.query_params.get("since", "-inf"))
+        except ValueError:
+            return RequestError("'since' must be a number of engine seconds").response()
+        rows = await self.driver.call(lambda: request_phases(self.engine, since))
+        return JSONResponse({"fields": list(PHASE_FIELDS), "requests": rows})
 
     async def reset(self, request: HTTPRequest) -> Response:
         """Zero the counters and clear the prefix cache."""
@@ -327,13 +348,15 @@ class EmulatorServer:
         out_ids = piece_ids(plan.pieces)
         if plan.hidden_tokens:
             out_ids += [_EOS_ID] * plan.hidden_tokens
-        return Request(
+        req = Request(
             request_id=rid,
             prompt_ids=prompt_ids,
             output_ids=out_ids,
             priority=priority,
             cache_salt=salt,
         )
+        req.finish_reason = plan.finish_reason
+        return req
 
     async def _delay_first(self, opts: RequestOptions) -> None:
         if opts.fault == "slow_first_token" and opts.slow_first_token_s > 0:
