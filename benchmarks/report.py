@@ -420,6 +420,32 @@ def chart(result: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _is_flat(value: Any) -> bool:
+    return isinstance(value, list) and all(not isinstance(v, dict | list) for v in value)
+
+
+def dumps(obj: Any, indent: int = 0) -> str:
+    """JSON like `json.dumps(obj, indent=2)`, but a list of scalars stays on one line
+    and a list of such lists gets one line per item (timelines, request rows)."""
+    pad, inner = "  " * indent, "  " * (indent + 1)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = [f"{inner}{json.dumps(str(k))}: {dumps(v, indent + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if _is_flat(obj):
+        return json.dumps(obj, separators=(",", ":"), default=str)
+    if isinstance(obj, list):
+        if not obj:
+            return "[]"
+        if all(_is_flat(v) for v in obj):
+            rows = [inner + json.dumps(v, separators=(",", ":"), default=str) for v in obj]
+        else:
+            rows = [inner + dumps(v, indent + 1) for v in obj]
+        return "[\n" + ",\n".join(rows) + f"\n{pad}]"
+    return json.dumps(obj, default=str)
+
+
 def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """Write `<out>/<workload>.json`, `.md` and `.png`; returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -429,7 +455,7 @@ def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "md": out_dir / f"{wl}.md",
         "png": out_dir / f"{wl}.png",
     }
-    paths["json"].write_text(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
+    paths["json"].write_text(dumps(result) + "\n")
     paths["md"].write_text(markdown(result))
     chart(result, paths["png"])
     return paths

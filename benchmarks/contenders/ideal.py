@@ -197,6 +197,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
     decode_kv = 0.0
     chain = 0
     critical = 0.0
+    own_kv = 0  # the most KV one sibling holds beside the shared prefix
     budget = MAX_BATCHED_TOKENS
     # Siblings differ only in their key and filler words: sample a few to size them.
     sample = sorted({0, n - 1, *range(0, n, max(1, n // 16))})
@@ -231,9 +232,13 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
             if k < len(keys):
                 path += tool_cfg.latency_for(keys[k])
             resident = prompt + out
+            own_kv = max(own_kv, resident - shared)
         chain = max(chain, length)
         critical = max(critical, path)
 
+    # No more siblings decode at once than the KV cache holds (shared prefix once).
+    kv_capacity = wl.kv_tokens if wl.kv_tokens is not None else profile.kv_tokens
+    max_decodes = max(1, min(n, (kv_capacity - shared) // max(1, own_kv)))
     work, steps = work_bound(
         profile,
         prefill_tokens=prefill_tokens,
@@ -242,7 +247,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         decode_tokens=decode_tokens,
         decode_kv=decode_kv,
         chain=chain,
-        max_decodes=n,
+        max_decodes=max_decodes,
     )
     makespan = max(work, critical)
     del count_tokens
@@ -254,6 +259,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "decode_tokens": decode_tokens,
         "shared_prefix_tokens": shared,
         "steps": steps,
+        "max_concurrent_decodes": max_decodes,
         "profile": profile.name,
         "note": "lower bound from the emulator cost model (benchmarks/contenders/ideal.py)",
     }
