@@ -1,25 +1,23 @@
-"""HTTP plumbing shared by the backends: client settings and error translation.
+"""HTTP plumbing shared by the backends: client settings and HTTP status errors.
 
-Everything that turns an `httpx` failure or an HTTP error status into the
-`langgraph_batch.errors` tree lives here, so every backend reports the same
-failure the same way:
+Everything that turns an HTTP error status into the `langgraph_batch.errors`
+tree lives here, so every backend reports the same failure the same way
+(transport failures are mapped in `_transport.py`):
 
-- `map_transport_errors()` is the single context manager that translates
-  transport exceptions (`raise Mapped(msg) from exc`, like httpx's
-  `map_httpcore_exceptions`).
 - `error_from_response()` turns an HTTP error status and its body into an
-  exception; it parses `Retry-After` and the servers' context-length messages.
+  exception; it parses `Retry-After` and the servers' context-length messages,
+  and sums an HTML or plain-text body up in one line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
+import html
 import json
 import re
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -27,32 +25,23 @@ import httpx
 from langgraph_batch.errors import (
     BackendAuthenticationError,
     BackendBadRequestError,
-    BackendConnectionError,
     BackendError,
     BackendRateLimitError,
     BackendServerError,
-    BackendStreamError,
-    BackendTimeoutError,
     ContextLengthExceededError,
     ModelNotFoundError,
 )
 
 __all__ = (
     "DEFAULT_CONNECT_TIMEOUT",
-    "DEFAULT_LIMITS",
     "error_from_response",
     "is_route_not_found",
     "make_request_id",
     "make_timeout",
-    "map_transport_errors",
     "parse_context_length_message",
     "parse_retry_after",
+    "summarize_body",
 )
-
-DEFAULT_LIMITS = httpx.Limits(
-    max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=60.0
-)
-"""Many concurrent requests to one server: one connection per in-flight request."""
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
@@ -60,21 +49,25 @@ _BODY_LIMIT = 2000
 
 
 def make_timeout(
-    timeout: float | None, *, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    timeout: float | None,
+    *,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    pool_timeout: float | None = None,
 ) -> httpx.Timeout:
     """Transport limits: `timeout` bounds each read (a generation may take long).
 
-    The pool timeout is None: the scheduler bounds concurrency, so waiting for a
-    pooled connection only happens beyond `max_connections`.
+    `pool_timeout` bounds the wait for a free connection (beyond
+    `max_connections`); the transport raises `PoolTimeoutError` when it expires.
 
     Raises:
         ValueError: when a timeout is not a positive number.
     """
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-    if not connect_timeout > 0:
+    for name, value in (("timeout", timeout), ("pool_timeout", pool_timeout)):
+        if value is not None and (isinstance(value, bool) or not value > 0):
+            raise ValueError(f"{name} must be > 0 seconds or None, got {value!r}")
+    if isinstance(connect_timeout, bool) or not connect_timeout > 0:
         raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout!r}")
-    return httpx.Timeout(connect=connect_timeout, read=timeout, write=timeout, pool=None)
+    return httpx.Timeout(connect=connect_timeout, read=timeout, write=timeout, pool=pool_timeout)
 
 
 def make_request_id(*, sibling_id: str | None = None, turn: int | None = None) -> str:
@@ -95,68 +88,6 @@ def make_request_id(*, sibling_id: str | None = None, turn: int | None = None) -
         parts.append(f"t{turn}")
     parts.append(secrets.token_hex(4))
     return "-".join(parts)
-
-
-@contextlib.contextmanager
-def map_transport_errors(
-    url: object,
-    *,
-    request_id: str | None = None,
-    read_timeout: float | None = None,
-) -> Iterator[None]:
-    """Translate `httpx` transport exceptions into the error tree.
-
-    Args:
-        url: the URL being called (for the message).
-        request_id: the request id sent, if any.
-        read_timeout: the read timeout in force (for the message).
-
-    Raises:
-        BackendTimeoutError: connect, read, write or pool timeout.
-        BackendStreamError: the response body could not be decoded.
-        BackendConnectionError: refused, reset, DNS failure, protocol error.
-    """
-    try:
-        yield
-    except httpx.ConnectTimeout as exc:
-        raise BackendTimeoutError(
-            f"connecting to {url} timed out: is the server up and reachable? check base_url",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.TimeoutException as exc:
-        raise BackendTimeoutError(
-            f"{url} did not answer within the read timeout ({read_timeout} s): the server "
-            "is overloaded or the generation is long; raise `timeout=` or lower the load",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.ConnectError as exc:
-        raise BackendConnectionError(
-            f"could not connect to {url} ({exc}): is the server running? check base_url",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.DecodingError as exc:
-        raise BackendStreamError(
-            f"could not decode the response from {url}: {exc}",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.UnsupportedProtocol as exc:
-        raise BackendConnectionError(
-            f"cannot call {url}: {exc}; base_url must start with http:// or https://",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.TransportError as exc:
-        # ReadError, WriteError, RemoteProtocolError, CloseError, ProxyError, ...
-        raise BackendConnectionError(
-            f"the connection to {url} failed ({type(exc).__name__}: {exc}): the server "
-            "closed or reset it; check that it is still running",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
 
 
 # ---------------------------------------------------------------------------- status -> error
@@ -267,13 +198,47 @@ def parse_context_length_message(message: str) -> tuple[bool, int | None, int | 
     return True, None, None
 
 
-def _error_message(body: bytes) -> tuple[str, Any]:
-    """Extract the human message from an error body (OpenAI, FastAPI or plain text)."""
-    text = body[:_BODY_LIMIT].decode("utf-8", "replace").strip()
+_SUMMARY_LIMIT = 200
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_HEADING = re.compile(r"<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]+>")
+_SPACE = re.compile(r"\s+")
+
+
+def summarize_body(body: bytes, content_type: str | None = None) -> str:
+    """One line that says what a non-JSON body is (an HTML error page, plain text).
+
+    An HTML page becomes `HTML page: <title or first heading>`; other text its
+    first 200 characters with whitespace collapsed.
+
+    Example:
+        ```python
+        summarize_body(b"<html><title>502 Bad Gateway</title>...</html>")
+        # 'HTML page: 502 Bad Gateway'
+        ```
+    """
+    text = body[: _BODY_LIMIT * 8].decode("utf-8", "replace")
+    stripped = text.lstrip()
+    is_html = (content_type or "").lower().startswith("text/html") or stripped[:1] == "<"
+    if is_html:
+        m = _TITLE.search(text) or _HEADING.search(text)
+        inner = m.group(1) if m else _TAG.sub(" ", text)
+        line = _SPACE.sub(" ", html.unescape(_TAG.sub(" ", inner))).strip()
+        line = line[:_SUMMARY_LIMIT] + ("..." if len(line) > _SUMMARY_LIMIT else "")
+        return f"HTML page: {line}" if line else "an HTML page"
+    line = _SPACE.sub(" ", stripped).strip()
+    if not line:
+        return "an empty body"
+    return line[:_SUMMARY_LIMIT] + ("..." if len(line) > _SUMMARY_LIMIT else "")
+
+
+def _error_message(body: bytes, content_type: str | None = None) -> tuple[str, Any]:
+    """Extract the human message from an error body (OpenAI, FastAPI, HTML or plain text)."""
     try:
         data = json.loads(body)
     except ValueError:
-        return text, None
+        return summarize_body(body, content_type), None
+    text = body[:_BODY_LIMIT].decode("utf-8", "replace").strip()
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
@@ -324,7 +289,8 @@ def error_from_response(
     Returns:
         The mapped exception (not raised).
     """
-    message, _ = _error_message(body)
+    message, _ = _error_message(body, headers.get("content-type"))
+    message = _SPACE.sub(" ", message).strip()
     short = message if len(message) <= 500 else message[:500] + "..."
     body_text = body[:_BODY_LIMIT].decode("utf-8", "replace")
     kw: dict[str, Any] = {

@@ -63,6 +63,9 @@ class ChatRequest:
     """Our priority, LOWER runs sooner (vLLM's convention). Backends map it."""
     timeout: float | None = None
     """Read timeout for this call, seconds (None: the backend's default)."""
+    stream_chunk_timeout: float | None = None
+    """Streaming only: the longest wait between two stream events, seconds
+    (None or 0: no limit); `StreamChunkTimeoutError` when it passes."""
     batchable: bool = False
     """True when this request may be merged with others into one HTTP call
     (no tools, no streaming, single turn); set by the caller, used by the
