@@ -55,7 +55,7 @@ from langgraph_batch._structured import (
 from langgraph_batch.backends import backend_from_url, backend_key
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
-from langgraph_batch.scheduler.registry import scheduler_for
+from langgraph_batch.scheduler.registry import is_registered, scheduler_for
 
 __all__ = ("BatchedChatModel",)
 
@@ -159,6 +159,13 @@ class BatchedChatModel(BaseChatModel):
     """A `Scheduler`, a registered scheduler name, or None (one per server URL)."""
     backend: Backend | None = Field(default=None, exclude=True)
     """An explicit backend instance (overrides `base_url`)."""
+    default_headers: dict[str, str] | None = Field(default=None, repr=False)
+    """Headers sent with every request (as `ChatOpenAI`'s). Models share a scheduler
+    and HTTP client only when their URL, key, headers and query all match. Values
+    may be secrets: they are left out of `repr` and never logged."""
+    default_query: dict[str, Any] | None = Field(default=None, repr=False)
+    """Query parameters added to every request URL (as `ChatOpenAI`'s); same sharing
+    rule as `default_headers`. Not for secrets: httpx logs URLs at INFO."""
     extra_body: dict[str, Any] | None = None
     """Extra JSON body fields (vLLM/SGLang extras such as `top_k`, `cache_salt`)."""
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -410,23 +417,44 @@ class BatchedChatModel(BaseChatModel):
         )
         return request, turn, sibling
 
+    def _api_key(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
     def _make_backend(self) -> Backend:
         if self.backend is not None:
             return self.backend
-        api_key = self.api_key.get_secret_value() if self.api_key is not None else None
-        options: dict[str, Any] = {"api_key": api_key}
+        options: dict[str, Any] = {"api_key": self._api_key()}
         if self.timeout is not None:
             options["timeout"] = self.timeout
+        if self.default_headers:
+            options["headers"] = dict(self.default_headers)
+        if self.default_query:
+            options["query"] = dict(self.default_query)
         return backend_from_url(self.base_url, **options)
+
+    @property
+    def backend_key(self) -> str:
+        """The key of the backend this model calls: its endpoint and a credentials digest.
+
+        Two models share a scheduler and an HTTP client only when their keys
+        match, that is when URL, API key, `default_headers` and `default_query`
+        are all equal. The key holds a sha256 prefix of those, never a secret.
+        """
+        if self.backend is not None:
+            return self.backend.key
+        return backend_key(
+            self.base_url,
+            api_key=self._api_key(),
+            headers=self.default_headers,
+            query=self.default_query,
+        )
 
     @property
     def scheduler_key(self) -> str:
         """The registry key of the scheduler this model's calls share."""
         if isinstance(self.scheduler, str):
             return self.scheduler
-        if self.backend is not None:
-            return self.backend.key
-        return backend_key(self.base_url)
+        return self.backend_key
 
     def default_policy(self) -> BatchPolicy:
         """The policy of a scheduler this model creates when `policy` is None.
@@ -451,12 +479,26 @@ class BatchedChatModel(BaseChatModel):
         """
         if isinstance(self.scheduler, Scheduler):
             return self.scheduler
-        return scheduler_for(
+        name = self.scheduler if isinstance(self.scheduler, str) else None
+        scheduler = scheduler_for(
             key=self.scheduler_key,
             backend_factory=self._make_backend,
             policy=self.policy or self.default_policy(),
-            name=self.scheduler if isinstance(self.scheduler, str) else None,
+            name=name,
         )
+        if name is not None and not is_registered(name):
+            # A name only this process's models give: the scheduler was built from
+            # the first such model's backend, with its credentials.
+            mine = self.backend_key
+            if scheduler.backend.key != mine:
+                msg = (
+                    f"scheduler {name!r} was created for {scheduler.backend.key}, but this "
+                    f"model calls {mine}: models that share a scheduler share its "
+                    "endpoint and credentials. Give this model another scheduler name, or "
+                    "register the scheduler with register_scheduler(...)."
+                )
+                raise ValueError(msg)
+        return scheduler
 
     async def _submit(
         self,

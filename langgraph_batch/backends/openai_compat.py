@@ -271,6 +271,16 @@ class OpenAICompatibleBackend(Backend):
         return f"{type(self).__name__}({self.base_url!r})"
 
     @property
+    def key(self) -> str:
+        """The endpoint plus a digest of the credentials, headers and query.
+
+        Models whose backends have equal keys share one scheduler and its HTTP
+        client; the digest never reveals the secret (see `credentials_hash`).
+        """
+        base = f"{type(self).__name__}:{self.base_url}"
+        return base if self._credentials is None else f"{base}#{self._credentials}"
+
+    @property
     def transport(self) -> ShardedTransport:
         """The HTTP transport: its `state()` shows connections and repairs."""
         return self._transport

@@ -25,6 +25,7 @@ from langgraph_batch.scheduler._runner import Scheduler, SchedulerState
 
 __all__ = (
     "get_scheduler",
+    "is_registered",
     "known_schedulers",
     "loop_schedulers",
     "register_scheduler",
@@ -188,6 +189,19 @@ def register_scheduler(
         assert backend_factory is not None
         _recipes[name] = _Recipe(backend_factory, policy)
         return None
+
+
+def is_registered(name: str) -> bool:
+    """True when `register_scheduler` made `name` known (an instance or a recipe).
+
+    Example:
+        ```python
+        register_scheduler("main", backend_factory=lambda: backend_from_url(url))
+        assert is_registered("main")
+        ```
+    """
+    with _lock:
+        return name in _instances or name in _recipes
 
 
 def unregister_scheduler(name: str) -> None:

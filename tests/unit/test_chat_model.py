@@ -70,13 +70,55 @@ async def test_scheduler_key_matches_the_backend_it_builds(url: str) -> None:
     from langgraph_batch.backends import backend_from_url
 
     llm = BatchedChatModel(model="m", base_url=url, api_key="k", timeout=5)
-    async with backend_from_url(url) as backend:
+    async with backend_from_url(url, api_key="k") as backend:
         assert llm.scheduler_key == backend.key
     scheduler = llm.get_scheduler()
     try:
         assert scheduler.backend.key == llm.scheduler_key
         assert scheduler is llm.get_scheduler()
-        assert scheduler is BatchedChatModel(model="other", base_url=url).get_scheduler()
+        # Same endpoint and key, other sampling options: the same scheduler.
+        same = BatchedChatModel(model="other", base_url=url, api_key="k", temperature=1.0)
+        assert scheduler is same.get_scheduler()
+    finally:
+        await scheduler.aclose()
+
+
+async def test_models_with_other_credentials_never_share_a_scheduler() -> None:
+    url = "vllm://127.0.0.1:8000"
+    a = BatchedChatModel(model="m", base_url=url, api_key="sk-tenant-a")
+    b = BatchedChatModel(model="m", base_url=url, api_key="sk-tenant-b")
+    no_key = BatchedChatModel(model="m", base_url=url)
+    headed = BatchedChatModel(model="m", base_url=url, default_headers={"X-Tenant": "a"})
+    queried = BatchedChatModel(model="m", base_url=url, default_query={"tenant": "a"})
+    keys = {m.scheduler_key for m in (a, b, no_key, headed, queried)}
+    assert len(keys) == 5
+    for key in keys:
+        assert "sk-tenant" not in key
+    assert (
+        a.scheduler_key
+        == BatchedChatModel(model="x", base_url=url, api_key="sk-tenant-a").scheduler_key
+    )
+    schedulers = [m.get_scheduler() for m in (a, b, no_key, headed, queried)]
+    try:
+        assert len({id(s) for s in schedulers}) == 5
+        backends = [s.backend for s in schedulers]
+        assert len({id(x) for x in backends}) == 5
+    finally:
+        for s in schedulers:
+            await s.aclose()
+
+
+async def test_a_scheduler_name_cannot_carry_another_models_credentials() -> None:
+    name = f"tenant-{uuid.uuid4().hex}"
+    first = BatchedChatModel(model="m", base_url="vllm://h:1", api_key="sk-a", scheduler=name)
+    scheduler = first.get_scheduler()
+    try:
+        other = BatchedChatModel(model="m", base_url="vllm://h:1", api_key="sk-b", scheduler=name)
+        with pytest.raises(ValueError, match="another scheduler name") as info:
+            other.get_scheduler()
+        assert "sk-" not in str(info.value)
+        same = BatchedChatModel(model="n", base_url="vllm://h:1", api_key="sk-a", scheduler=name)
+        assert same.get_scheduler() is scheduler
     finally:
         await scheduler.aclose()
 
