@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import (
@@ -37,6 +37,7 @@ from langgraph_batch.backends.base import ToolCall as WireToolCall
 __all__ = (
     "chunk_to_message_chunk",
     "final_chunk",
+    "first_malformed_tool_call",
     "message_to_openai",
     "messages_to_openai",
     "parse_tool_calls",
@@ -200,6 +201,118 @@ def parse_tool_calls(
         else:
             valid.append(tool_call(name=call.name, args=args, id=call.id))
     return valid, invalid
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def _type_ok(value: Any, schema: Any) -> bool:
+    """Whether `value` fits the top-level `type`/`enum`/`anyOf` of a property schema.
+
+    Anything the check does not understand (`$ref`, `allOf`, formats) passes:
+    it is a guard against broken calls, not a full JSON Schema validator.
+    """
+    if not isinstance(schema, dict):
+        return True
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(branches, list) and branches:
+        return any(_type_ok(value, b) for b in branches)
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and value not in enum:
+        return False
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else []
+    if not kinds:
+        return True
+    for k in kinds:
+        types = _JSON_TYPES.get(k)
+        if types is None:
+            return True
+        if isinstance(value, bool) and k in ("integer", "number"):
+            continue
+        if isinstance(value, types):
+            return True
+        if k == "integer" and isinstance(value, float) and value.is_integer():
+            return True
+    return False
+
+
+def _schema_problem(args: dict[str, Any], schema: Any) -> str | None:
+    if not isinstance(schema, dict):
+        return None
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = schema.get("required")
+    if isinstance(required, list):
+        missing = [name for name in required if name not in args]
+        if missing:
+            return f"miss the required propert{'y' if len(missing) == 1 else 'ies'} {missing}"
+    for name, value in args.items():
+        prop = props.get(name)
+        if prop is None:
+            if schema.get("additionalProperties") is False:
+                return f"have a property {name!r} the tool does not take"
+            continue
+        if not _type_ok(value, prop):
+            wanted = prop.get("type") or prop.get("enum") or "its schema"
+            return f"give {name!r} a {type(value).__name__} where the tool wants {wanted}"
+    return None
+
+
+def first_malformed_tool_call(
+    raw: Sequence[WireToolCall], tools: Sequence[Any] | None
+) -> tuple[WireToolCall, str] | None:
+    """The first tool call the bound tools cannot take, and why.
+
+    A call is malformed when its arguments are not JSON, not a JSON object, or
+    (for a bound tool with a JSON schema) miss a required property, have a
+    top-level property of the wrong type or outside its `enum`, or a property
+    the schema forbids (`additionalProperties: false`). Calls of tools that are
+    not bound are left to the tool node, which answers them with an error.
+
+    Args:
+        raw: The tool calls of a `ChatResponse`.
+        tools: The OpenAI tool dicts sent with the request (`params["tools"]`).
+
+    Returns:
+        `(call, reason)` for the first malformed call, or None.
+
+    Example:
+        ```python
+        bad = first_malformed_tool_call(response.tool_calls, request.params.get("tools"))
+        if bad is not None:
+            call, reason = bad  # reason: "are not valid JSON (...)"
+        ```
+    """
+    schemas: dict[str, Any] = {}
+    for tool in tools or ():
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            schemas[fn["name"]] = fn.get("parameters")
+    for call in raw:
+        text = call.arguments or ""
+        if not text.strip():
+            args: Any = {}
+        else:
+            try:
+                args = json.loads(text, strict=False)
+            except json.JSONDecodeError as exc:
+                return call, f"are not valid JSON ({exc})"
+        if not isinstance(args, dict):
+            return call, f"are a JSON {type(args).__name__}, not an object"
+        if call.name in schemas:
+            problem = _schema_problem(args, schemas[call.name])
+            if problem is not None:
+                return call, problem
+    return None
 
 
 def usage_to_metadata(usage: Usage) -> UsageMetadata:

@@ -40,6 +40,7 @@ from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch._convert import (
     chunk_to_message_chunk,
     final_chunk,
+    first_malformed_tool_call,
     messages_to_openai,
     response_to_message,
 )
@@ -54,6 +55,7 @@ from langgraph_batch._structured import (
 )
 from langgraph_batch.backends import backend_from_url, backend_key
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+from langgraph_batch.errors import MalformedToolCallError
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import is_registered, scheduler_for
 
@@ -147,6 +149,15 @@ class BatchedChatModel(BaseChatModel):
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""
+    invalid_tool_calls: Literal["raise", "return"] = "raise"
+    """What to do with a tool call the bound tools cannot take (arguments that are
+    not JSON, not an object, miss a required property or have a wrong type, or a
+    stream cut inside them). `"raise"` (default): retry the request (sampling
+    noise; counted within `max_retries`), then raise `MalformedToolCallError`.
+    `"return"`: return such calls in `AIMessage.invalid_tool_calls`, as `ChatOpenAI`
+    does, for graphs that handle them (streams then aggregate as LangChain does).
+    On vLLM a named or `"required"` `tool_choice` constrains the tool-call JSON
+    with structured outputs, which avoids most malformed calls."""
     max_inflight: int = 256
     """Hard cap on requests the shared scheduler keeps on the wire at once (applies
     when this model creates the scheduler). With engine metrics (vLLM, SGLang) the
@@ -500,6 +511,40 @@ class BatchedChatModel(BaseChatModel):
                 raise ValueError(msg)
         return scheduler
 
+    def _tool_call_check(self, request: ChatRequest) -> Callable[[ChatResponse], None] | None:
+        """A response check that rejects malformed tool calls (None: nothing to check)."""
+        tools = request.params.get("tools")
+        if self.invalid_tool_calls != "raise" or not tools:
+            return None
+        attempts = 0
+
+        def check(response: ChatResponse) -> None:
+            nonlocal attempts
+            if not response.tool_calls:
+                return
+            bad = first_malformed_tool_call(response.tool_calls, tools)
+            if bad is None:
+                return
+            attempts += 1
+            call, reason = bad
+            cut = " (the response was cut off: finish_reason 'length', raise max_tokens)"
+            raise MalformedToolCallError(
+                f"the model called tool {call.name!r} with arguments that {reason}"
+                f"{cut if response.finish_reason == 'length' else ''}: "
+                f"{call.arguments[:200]!r}. Retried within max_retries ({attempts} malformed "
+                "response(s)). On vLLM, tool_choice='required' or a named tool constrains "
+                "tool-call JSON; invalid_tool_calls='return' hands such calls to the graph.",
+                tool_name=call.name,
+                arguments=call.arguments,
+                reason=reason,
+                tool_call_id=call.id,
+                finish_reason=response.finish_reason,
+                attempts=attempts,
+                request_id=request.request_id or None,
+            )
+
+        return check
+
     async def _submit(
         self,
         request: ChatRequest,
@@ -515,6 +560,7 @@ class BatchedChatModel(BaseChatModel):
             max_retries=self.max_retries,
             timeout=self.total_timeout,
             on_chunk=on_chunk,
+            check=self._tool_call_check(request),
         )
 
     # ------------------------------------------------------------------ async paths

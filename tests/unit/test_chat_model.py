@@ -297,11 +297,11 @@ async def test_bind_tools_tool_choice_and_passthrough() -> None:
     assert not backend.requests[0].batchable
 
 
-async def test_tool_calls_and_malformed_arguments() -> None:
+async def test_tool_calls_and_malformed_arguments_returned_like_chat_openai() -> None:
     backend = FakeBackend(
         lambda r: Reply(tool_calls=[("search", '{"query": "x"}'), ("search", "{not json")])
     )
-    llm, _ = make(backend)
+    llm, _ = make(backend, invalid_tool_calls="return")
     msg = await llm.bind_tools([search]).ainvoke("q")
     assert msg.tool_calls == [
         {"name": "search", "args": {"query": "x"}, "id": "call_0", "type": "tool_call"}
@@ -319,7 +319,9 @@ async def test_agent_answers_invalid_tool_call_with_error_message() -> None:
             return Reply(content="sorry, retrying is pointless")
         return Reply(tool_calls=[("search", "not json at all")])
 
-    llm, backend = make(FakeBackend(script, base_url=f"fake://{uuid.uuid4().hex}"))
+    llm, backend = make(
+        FakeBackend(script, base_url=f"fake://{uuid.uuid4().hex}"), invalid_tool_calls="return"
+    )
     agent = create_agent(llm, tools=[search])
     # The malformed call ends the turn (no valid call to run) without an exception.
     out = await agent.ainvoke({"messages": [HumanMessage("q")]})
