@@ -149,6 +149,12 @@ class BatchedChatModel(BaseChatModel):
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""
+    stream_chunk_timeout: float | None = 120.0
+    """Streaming: the longest wait between two stream events, in seconds (None or 0:
+    no limit), as langchain-openai's option of the same name: SSE keep-alive comments
+    do not reset it. When it passes, `StreamChunkTimeoutError` (a retryable
+    `BackendTimeoutError`, logged at WARNING); retried when no content had reached
+    the caller yet."""
     invalid_tool_calls: Literal["raise", "return"] = "raise"
     """What to do with a tool call the bound tools cannot take (arguments that are
     not JSON, not an object, miss a required property or have a wrong type, or a
@@ -199,6 +205,14 @@ class BatchedChatModel(BaseChatModel):
     def _check_timeout(cls, value: float | None) -> float | None:
         if value is not None and value <= 0:
             msg = f"timeouts must be > 0 seconds (or None), got {value!r}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("stream_chunk_timeout")
+    @classmethod
+    def _check_chunk_timeout(cls, value: float | None) -> float | None:
+        if value is not None and value < 0:
+            msg = f"stream_chunk_timeout must be >= 0 seconds (0 or None: no limit), got {value!r}"
             raise ValueError(msg)
         return value
 
@@ -424,6 +438,7 @@ class BatchedChatModel(BaseChatModel):
             stream=stream,
             request_id=request_id,
             timeout=self.timeout,
+            stream_chunk_timeout=self.stream_chunk_timeout or None,
             batchable=batchable,
         )
         return request, turn, sibling

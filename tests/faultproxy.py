@@ -8,7 +8,11 @@ path, headers and body (`Seen`), then asks `decide(seen)` what to do:
 - `"reset"`: reset the connection before any response byte (a TCP RST, as a
   busy vLLM does to some of 160-256 simultaneous new connections);
 - `"html502"`: answer 502 with an nginx-style HTML page;
-- `"hang"`: accept the request and never answer.
+- `"hang"`: accept the request and never answer;
+- `"cut_before_content"`: forward, pass the response headers and a stream's
+  first (role-only) event on, then reset: the stream dies before any content;
+- `"stall_after_headers"`: forward, pass the response headers on, then send
+  only SSE keep-alive comments (never an event).
 
 Every exchange uses `Connection: close`, so each request has its own
 connections and the proxy never has to parse response framing.
@@ -31,6 +35,26 @@ HTML_502 = (
     + b"<!-- a padding comment to make the page long -->\r\n" * 40
     + b"</body>\r\n</html>\r\n"
 )
+
+
+ROLE_EVENT = (
+    b'data: {"id":"chatcmpl-proxy","object":"chat.completion.chunk","model":"m",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+    b'"finish_reason":null}]}\n\n'
+)
+
+
+def _chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk (the emulator streams with chunked encoding)."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST, not a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 @dataclass(slots=True)
@@ -103,10 +127,7 @@ class FaultProxy:
         if fault is not None:
             self.faults[fault] = self.faults.get(fault, 0) + 1
         if fault == "reset":
-            sock = writer.get_extra_info("socket")
-            if sock is not None:  # close with RST, not FIN
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
+            _reset(writer)
             return
         if fault == "html502":
             writer.write(
@@ -119,9 +140,11 @@ class FaultProxy:
             return
         if fault == "hang":
             await asyncio.Event().wait()
-        await self._forward(lines, body, writer)
+        await self._forward(lines, body, writer, fault)
 
-    async def _forward(self, lines: list[str], body: bytes, writer: asyncio.StreamWriter) -> None:
+    async def _forward(
+        self, lines: list[str], body: bytes, writer: asyncio.StreamWriter, fault: str | None
+    ) -> None:
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         try:
             out = [lines[0]]
@@ -129,6 +152,19 @@ class FaultProxy:
             out.append("Connection: close")
             up_writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + body)
             await up_writer.drain()
+            if fault in ("cut_before_content", "stall_after_headers"):
+                head = await up_reader.readuntil(b"\r\n\r\n")
+                writer.write(head)
+                if fault == "stall_after_headers":
+                    while True:
+                        writer.write(_chunk(b": keep-alive\n\n"))
+                        await writer.drain()
+                        await asyncio.sleep(0.05)
+                writer.write(_chunk(ROLE_EVENT))
+                await writer.drain()
+                await asyncio.sleep(0.02)
+                _reset(writer)
+                return
             while data := await up_reader.read(65536):
                 writer.write(data)
                 await writer.drain()

@@ -470,7 +470,7 @@ class OpenAICompatibleBackend(Backend):
                     raise await self._error(response, url, request)
                 # The longest wait between two stream events (keep-alive comments do
                 # not count), like langchain-openai's `stream_chunk_timeout`.
-                deadline = asyncio.timeout(None if gap is None else loop.time() + gap)
+                deadline = asyncio.timeout_at(None if gap is None else loop.time() + gap)
                 try:
                     async with deadline:
                         async for raw in response.aiter_bytes():

@@ -14,7 +14,8 @@ Division of work (cheapest design that keeps cancellation exact):
   (`complete_batch`, which resolves every member's future), arms a timer
   for open batch windows and polls engine metrics. It never polls in a loop.
 - Retries back off WITHOUT a slot; a streamed request that already
-  delivered chunks is never retried.
+  delivered content or tool-call chunks is never retried (one that failed
+  before its first content chunk is retried like any call).
 - If the runner dies, every waiter and every later `submit` gets
   `SchedulerDeadError` carrying the cause.
 - Prefix warming (`BatchPolicy.prefix_warming`, on by default for SGLang
@@ -502,8 +503,11 @@ class Scheduler:
         if on_chunk is not None and request.stream:
 
             def cb(chunk: ChatChunk) -> None:
+                # Only content and tool-call fragments reach the caller's output; a
+                # stream that fails before the first of them is retried like any call.
                 nonlocal delivered
-                delivered += 1
+                if chunk.content or chunk.tool_call_chunks:
+                    delivered += 1
                 on_chunk(chunk)
 
         attempt = 0

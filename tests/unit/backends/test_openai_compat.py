@@ -451,3 +451,43 @@ async def test_mapping_messages_are_serialised(recorder: Recorder) -> None:
     assert recorder.last_body["messages"] == [{"role": "user", "content": "é"}]
     assert "é".encode() in recorder.requests[0].content
     assert json.loads(recorder.requests[0].content)["model"] == "m"
+
+
+class _Stalling(httpx.AsyncByteStream):
+    """One event, then only keep-alive comments (forever, or until `events` more)."""
+
+    def __init__(self, keepalives: int | None = None) -> None:
+        self.keepalives = keepalives
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        import anyio
+
+        yield sse(chunk(content="a"), done=False)
+        n = 0
+        while self.keepalives is None or n < self.keepalives:
+            await anyio.sleep(0.02)
+            yield b": keep-alive\n\n"
+            n += 1
+        yield sse(chunk(content="b", finish_reason="stop"))
+
+
+async def test_stream_chunk_timeout_ignores_keepalives(recorder: Recorder) -> None:
+    from langgraph_batch.errors import StreamChunkTimeoutError
+
+    recorder.handler = lambda r: httpx.Response(
+        200, stream=_Stalling(), headers={"content-type": "text/event-stream"}
+    )
+    got: list[ChatChunk] = []
+    async with make(recorder) as b:
+        with pytest.raises(StreamChunkTimeoutError, match="no stream chunk") as info:
+            await b.chat(req(stream=True, stream_chunk_timeout=0.15), on_chunk=got.append)
+        assert (info.value.timeout_s, info.value.chunks_received) == (0.15, 1)
+        assert info.value.is_retryable
+        assert [c.content for c in got] == ["a"]
+        assert b.transport.state().requests_active == 0
+        # Keep-alives for less than the gap between events: no timeout.
+        recorder.handler = lambda r: httpx.Response(
+            200, stream=_Stalling(keepalives=3), headers={"content-type": "text/event-stream"}
+        )
+        resp = await b.chat(req(stream=True, stream_chunk_timeout=0.5))
+        assert resp.content == "ab"

@@ -301,6 +301,50 @@ async def test_streaming_chunks_pass_through_and_no_retry_after_chunks() -> None
     assert backend.order.count("broken") == 1
 
 
+async def test_a_stream_that_fails_before_its_first_content_is_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = GatedBackend(open_gate=True)
+    # The role-only first event (no content) reached the callback, then the stream died.
+    backend.chunks["early"] = [ChatChunk(content="")]
+    backend.failures["early"] = [BackendStreamError("cut", chunks_received=1)]
+    got: list[str] = []
+    caplog.set_level("INFO", logger="langgraph_batch.scheduler._retry")
+    async with Scheduler(backend, policy=BatchPolicy(**FAST)) as s:
+        info = SiblingInfo(group="g", index=7)
+        resp = await s.submit(
+            request("early", stream=True), on_chunk=lambda c: got.append(c.content), sibling=info
+        )
+        assert resp.content == "answer to early"
+        assert s.stats().retries == 1
+    assert backend.order == ["early", "early"]
+    retry = [r for r in caplog.records if r.levelname == "INFO" and "retry 1 of" in r.message]
+    assert len(retry) == 1
+    rec = retry[0]
+    assert (rec.request_id, rec.sibling_index, rec.error_type) == ("early", 7, "BackendStreamError")  # type: ignore[attr-defined]
+    assert "(sibling 7)" in rec.message
+
+
+async def test_a_final_failure_logs_a_warning_with_its_sibling(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = GatedBackend(open_gate=True)
+    backend.failures["f"] = [BackendServerError("boom", status_code=500)] * 3
+    async with Scheduler(backend, policy=BatchPolicy(**FAST, max_retries=2)) as s:
+        with pytest.raises(BackendServerError):
+            await s.submit(request("f"), sibling=SiblingInfo(group="g", index=3))
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    rec = warnings[0]
+    assert (rec.request_id, rec.sibling_index, rec.error_type, rec.attempt) == (  # type: ignore[attr-defined]
+        "f",
+        3,
+        "BackendServerError",
+        2,
+    )
+    assert "after 2 retries" in rec.message
+
+
 async def test_timeout_covers_queue_wait() -> None:
     backend = GatedBackend()
     async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
