@@ -350,7 +350,8 @@ def response_to_message(response: ChatResponse) -> AIMessage:
 
     Returns:
         An AIMessage with content, tool calls (valid and invalid), usage and
-        response metadata (`model_name`, `finish_reason`, `request_id`, `id`).
+        response metadata (`model_name`, `finish_reason`, `request_id`, `id`;
+        `usage_estimated` when the usage is a share of a batched call's totals).
     """
     tool_calls, invalid = parse_tool_calls(response.tool_calls)
     return AIMessage(
@@ -358,13 +359,21 @@ def response_to_message(response: ChatResponse) -> AIMessage:
         tool_calls=tool_calls,
         invalid_tool_calls=invalid,
         usage_metadata=usage_to_metadata(response.usage) if response.usage else None,
-        response_metadata=response_metadata(
-            model=response.model,
-            finish_reason=response.finish_reason,
-            request_id=response.request_id,
-            response_id=response.id,
-        ),
+        response_metadata=_metadata_of(response),
     )
+
+
+def _metadata_of(response: ChatResponse) -> dict[str, Any]:
+    meta = response_metadata(
+        model=response.model,
+        finish_reason=response.finish_reason,
+        request_id=response.request_id,
+        response_id=response.id,
+    )
+    if response.usage is not None and response.usage.estimated:
+        # A batched call's usage is reported per call: this is the request's share.
+        meta["usage_estimated"] = True
+    return meta
 
 
 def chunk_to_message_chunk(chunk: ChatChunk) -> AIMessageChunk:
@@ -387,11 +396,6 @@ def final_chunk(response: ChatResponse) -> AIMessageChunk:
     return AIMessageChunk(
         content="",
         usage_metadata=usage_to_metadata(response.usage) if response.usage else None,
-        response_metadata=response_metadata(
-            model=response.model,
-            finish_reason=response.finish_reason,
-            request_id=response.request_id,
-            response_id=response.id,
-        ),
+        response_metadata=_metadata_of(response),
         chunk_position="last",
     )

@@ -11,7 +11,8 @@ Division of work (cheapest design that keeps cancellation exact):
 - The RUNNER task (one per scheduler, created lazily in the running loop)
   only wakes when something may be dispatched: it asks the policy for a
   plan, resolves the winners' futures, starts one task per batch
-  (`complete_batch`, which resolves every member's future), arms a timer
+  (`complete_batch_settled`, which resolves every member's future with its own
+  response or error), arms a timer
   for open batch windows and polls engine metrics. It never polls in a loop.
 - Retries back off WITHOUT a slot; a streamed request that already
   delivered content or tool-call chunks is never retried (one that failed
@@ -719,10 +720,11 @@ class Scheduler:
     async def _run_batch(self, batch: list[PolicyItem]) -> None:
         requests = [item.payload for item in batch]
         try:
-            results = await self._backend.complete_batch(requests)
+            # One outcome per member: a bad member fails only its own caller.
+            results = await self._backend.complete_batch_settled(requests)
             if len(results) != len(batch):
                 raise BackendError(
-                    f"complete_batch returned {len(results)} responses for {len(batch)} "
+                    f"complete_batch_settled returned {len(results)} outcomes for {len(batch)} "
                     f"requests ({type(self._backend).__name__} breaks the Backend contract)"
                 )
         except asyncio.CancelledError:
@@ -739,10 +741,15 @@ class Scheduler:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
-        for item, resp in zip(batch, results, strict=True):
-            self._release(item, Outcome.OK)
-            if not item.future.done():
-                item.future.set_result(resp)
+        for item, result in zip(batch, results, strict=True):
+            if isinstance(result, BaseException):
+                self._release(item, _outcome_of(result))
+                if not item.future.done():
+                    item.future.set_exception(result)
+            else:
+                self._release(item, Outcome.OK)
+                if not item.future.done():
+                    item.future.set_result(result)
 
     async def _poll_metrics(self) -> None:
         interval = self._policy.metrics_interval_s

@@ -366,6 +366,31 @@ async def test_timeout_covers_queue_wait() -> None:
         await Scheduler(backend).submit(request("x"), timeout=0)
 
 
+async def test_a_failed_batch_member_fails_only_its_caller() -> None:
+    class Settled(BatchBackend):
+        async def complete_batch_settled(self, requests):  # type: ignore[no-untyped-def]
+            self.batches.append([r.request_id for r in requests])
+            return [
+                BackendBadRequestError("too long", status_code=400)
+                if r.request_id == "bad"
+                else response(r)
+                for r in requests
+            ]
+
+    backend = Settled(open_gate=True)
+    policy = BatchPolicy(batch_window_s=0.05, max_batch_size=8, **FAST)
+    async with Scheduler(backend, policy=policy) as s:
+        results = await asyncio.gather(
+            *(s.submit(request(r, batchable=True)) for r in ("a", "bad", "b")),
+            return_exceptions=True,
+        )
+    assert backend.batches == [["a", "bad", "b"]]
+    assert isinstance(results[1], BackendBadRequestError)
+    assert [getattr(r, "content", None) for r in results] == ["answer to a", None, "answer to b"]
+    st = s.stats()
+    assert (st.completed, st.failed, st.in_flight) == (2, 1, 0)
+
+
 async def test_batching_collects_within_the_window() -> None:
     backend = BatchBackend(open_gate=True)
     policy = BatchPolicy(batch_window_s=0.05, max_batch_size=4)
