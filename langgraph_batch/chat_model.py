@@ -54,6 +54,7 @@ from langgraph_batch._structured import (
     to_response_format,
 )
 from langgraph_batch.backends import backend_from_url, backend_key
+from langgraph_batch.backends._factory import check_api_key
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
 from langgraph_batch.errors import MalformedToolCallError
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
@@ -176,10 +177,10 @@ class BatchedChatModel(BaseChatModel):
     """A `Scheduler`, a registered scheduler name, or None (one per server URL)."""
     backend: Backend | None = Field(default=None, exclude=True)
     """An explicit backend instance (overrides `base_url`)."""
-    default_headers: dict[str, str] | None = Field(default=None, repr=False)
+    default_headers: dict[str, str] | None = Field(default=None, repr=False, exclude=True)
     """Headers sent with every request (as `ChatOpenAI`'s). Models share a scheduler
     and HTTP client only when their URL, key, headers and query all match. Values
-    may be secrets: they are left out of `repr` and never logged."""
+    may be secrets: they are left out of `repr`, `model_dump` and logs."""
     default_query: dict[str, Any] | None = Field(default=None, repr=False)
     """Query parameters added to every request URL (as `ChatOpenAI`'s); same sharing
     rule as `default_headers`. Not for secrets: httpx logs URLs at INFO."""
@@ -216,6 +217,22 @@ class BatchedChatModel(BaseChatModel):
             raise ValueError(msg)
         return value
 
+    @field_validator("max_tokens")
+    @classmethod
+    def _check_max_tokens(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            msg = f"max_tokens must be >= 1 (or None: the server's default), got {value!r}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _check_temperature(cls, value: float | None) -> float | None:
+        if value is not None and not value >= 0:
+            msg = f"temperature must be >= 0 (or None: the server's default), got {value!r}"
+            raise ValueError(msg)
+        return value
+
     @field_validator("max_inflight")
     @classmethod
     def _check_inflight(cls, value: int) -> int:
@@ -240,6 +257,8 @@ class BatchedChatModel(BaseChatModel):
                 f"got {type(self.scheduler).__name__}"
             )
             raise ValueError(msg)
+        if self.backend is None and not isinstance(self.scheduler, Scheduler):
+            check_api_key(self.base_url, self._api_key())
         return self
 
     # ------------------------------------------------------------------ LangChain metadata

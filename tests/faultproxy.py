@@ -9,6 +9,7 @@ path, headers and body (`Seen`), then asks `decide(seen)` what to do:
   busy vLLM does to some of 160-256 simultaneous new connections);
 - `"html502"`: answer 502 with an nginx-style HTML page;
 - `"hang"`: accept the request and never answer;
+- a name in `extra_faults`: send that raw response;
 - `"cut_before_content"`: forward, pass the response headers and a stream's
   first (role-only) event on, then reset: the stream dies before any content;
 - `"stall_after_headers"`: forward, pass the response headers on, then send
@@ -78,6 +79,8 @@ class FaultProxy:
         self.decide = decide
         self.seen: list[Seen] = []
         self.faults: dict[str, int] = {}
+        self.extra_faults: dict[str, bytes] = {}
+        """Fault name -> a raw HTTP response to send as it is (then close)."""
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -128,6 +131,10 @@ class FaultProxy:
             self.faults[fault] = self.faults.get(fault, 0) + 1
         if fault == "reset":
             _reset(writer)
+            return
+        if fault in self.extra_faults:
+            writer.write(self.extra_faults[fault])
+            await writer.drain()
             return
         if fault == "html502":
             writer.write(

@@ -50,11 +50,41 @@ def test_bad_url_names_the_value(url: str) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("timeout", 0), ("total_timeout", -1.0), ("max_inflight", 0), ("max_retries", -1)],
+    [
+        ("timeout", 0),
+        ("total_timeout", -1.0),
+        ("max_inflight", 0),
+        ("max_retries", -1),
+        ("max_tokens", -5),
+        ("max_tokens", 0),
+        ("temperature", -0.1),
+        ("stream_chunk_timeout", -1),
+    ],
 )
 def test_bad_numbers_fail_at_construction(field: str, value: float) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=field) as info:
         BatchedChatModel(model="x", **{field: value})
+    assert str(value) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("vllm://127.0.0.1:99999", "99999"),
+        ("http://h:0/v1", "port 0"),
+        ("vllm://h:abc", "not a valid URL"),
+        ("vllm://h:1,h:70000", "70000"),
+    ],
+)
+def test_bad_ports_fail_at_construction(url: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        BatchedChatModel(model="x", base_url=url)
+
+
+def test_openai_scheme_without_a_key_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match="needs an API key"):
+        BatchedChatModel(model="gpt", base_url="openai://api.openai.com")
+    assert BatchedChatModel(model="gpt", base_url="openai://api.openai.com", api_key="sk-x")
 
 
 @pytest.mark.parametrize(
@@ -166,7 +196,9 @@ def test_bad_scheduler_type() -> None:
     ],
 )
 def test_ls_params(url: str, provider: str) -> None:
-    llm = BatchedChatModel(model="m", base_url=url, temperature=0.2, max_tokens=9, stop=["x"])
+    llm = BatchedChatModel(
+        model="m", base_url=url, api_key="k", temperature=0.2, max_tokens=9, stop=["x"]
+    )
     params = llm._get_ls_params()
     assert params == {
         "ls_provider": provider,

@@ -491,3 +491,28 @@ async def test_stream_chunk_timeout_ignores_keepalives(recorder: Recorder) -> No
         )
         resp = await b.chat(req(stream=True, stream_chunk_timeout=0.5))
         assert resp.content == "ab"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"timeout": 0}, "timeout must be > 0"),
+        ({"timeout": -3.0}, "-3.0"),
+        ({"connect_timeout": 0}, "connect_timeout"),
+        ({"pool_timeout": -1}, "pool_timeout"),
+        ({"limits": {"max_connections": 5}}, "httpx.Limits"),
+        ({"limits": httpx.Limits(max_connections=0)}, "max_connections"),
+        ({"headers": {"X-Key": 5}}, "headers"),
+        ({"query": "a=b"}, "query"),
+        ({"api_key": 123}, "api_key"),
+    ],
+)
+def test_bad_options_fail_at_construction(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        OpenAICompatibleBackend("http://h:8000", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url", ["http://h:99999", "http://h:0", "http://h:x1"])
+def test_bad_ports_fail_at_construction(url: str) -> None:
+    with pytest.raises(ValueError, match=r"port|not a valid URL"):
+        OpenAICompatibleBackend(url)
