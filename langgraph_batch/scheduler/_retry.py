@@ -9,7 +9,8 @@ call with its typed error.
 Logging (logger `langgraph_batch.scheduler._retry`): every retry at INFO, and
 every call that fails for good at WARNING, each with the request id, the
 sibling index inside a fan_out, the error type and the attempt, also as
-`extra=` fields (`request_id`, `sibling_index`, `error_type`, `attempt`).
+`extra=` fields (`request_id`, `sibling_index`, `sibling_id`, `error_type`,
+`attempt`).
 Messages never carry credentials: errors hold URLs and request ids only.
 """
 
@@ -60,6 +61,7 @@ def _fields(
     return {
         "request_id": request_id or None,
         "sibling_index": sibling.index if sibling is not None else None,
+        "sibling_id": sibling.sibling_id if sibling is not None else None,
         "error_type": type(exc).__name__,
         "attempt": attempt,
     }
