@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import (
@@ -33,6 +33,7 @@ from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call
 
 from langgraph_batch.backends.base import ChatChunk, ChatResponse, Usage
 from langgraph_batch.backends.base import ToolCall as WireToolCall
+from langgraph_batch.errors import MalformedToolCallError
 
 __all__ = (
     "chunk_to_message_chunk",
@@ -43,6 +44,7 @@ __all__ = (
     "parse_tool_calls",
     "response_metadata",
     "response_to_message",
+    "tool_call_check",
     "usage_to_metadata",
 )
 
@@ -313,6 +315,51 @@ def first_malformed_tool_call(
             if problem is not None:
                 return call, problem
     return None
+
+
+def tool_call_check(
+    tools: Sequence[Any], *, request_id: str | None = None
+) -> Callable[[ChatResponse], None]:
+    """A `Scheduler.submit(check=...)` that raises `MalformedToolCallError` for a bad call.
+
+    The scheduler retries the request on that (retryable) error within
+    `max_retries`; the error raised last counts the malformed responses seen.
+
+    Args:
+        tools: the OpenAI tool dicts sent with the request.
+        request_id: the request's id (for the error).
+
+    Returns:
+        The check: it returns quietly when every tool call is well formed.
+    """
+    attempts = 0
+
+    def check(response: ChatResponse) -> None:
+        nonlocal attempts
+        if not response.tool_calls:
+            return
+        bad = first_malformed_tool_call(response.tool_calls, tools)
+        if bad is None:
+            return
+        attempts += 1
+        call, reason = bad
+        cut = " (the response was cut off: finish_reason 'length', raise max_tokens)"
+        raise MalformedToolCallError(
+            f"the model called tool {call.name!r} with arguments that {reason}"
+            f"{cut if response.finish_reason == 'length' else ''}: "
+            f"{call.arguments[:200]!r}. Retried within max_retries ({attempts} malformed "
+            "response(s)). On vLLM, tool_choice='required' or a named tool constrains "
+            "tool-call JSON; invalid_tool_calls='return' hands such calls to the graph.",
+            tool_name=call.name,
+            arguments=call.arguments,
+            reason=reason,
+            tool_call_id=call.id,
+            finish_reason=response.finish_reason,
+            attempts=attempts,
+            request_id=request_id,
+        )
+
+    return check
 
 
 def usage_to_metadata(usage: Usage) -> UsageMetadata:

@@ -34,15 +34,22 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils import secret_from_env
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch._convert import (
     chunk_to_message_chunk,
     final_chunk,
-    first_malformed_tool_call,
     messages_to_openai,
     response_to_message,
+    tool_call_check,
 )
 from langgraph_batch._loop import background_loop
 from langgraph_batch._structured import (
@@ -56,9 +63,8 @@ from langgraph_batch._structured import (
 from langgraph_batch.backends import backend_from_url, backend_key
 from langgraph_batch.backends._factory import check_api_key
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
-from langgraph_batch.errors import MalformedToolCallError
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
-from langgraph_batch.scheduler.registry import is_registered, scheduler_for
+from langgraph_batch.scheduler.registry import scheduler_for
 
 __all__ = ("BatchedChatModel",)
 
@@ -91,6 +97,31 @@ def _record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
     sibling.context_tokens = max(
         0, usage.prompt_tokens + usage.completion_tokens - sibling.shared_tokens
     )
+
+
+# Field -> (lowest value, whether it is allowed, what None means); checked at construction.
+_BOUNDS: dict[str, tuple[float, bool, str]] = {
+    "timeout": (0, False, "no limit"),
+    "total_timeout": (0, False, "no limit"),
+    "stream_chunk_timeout": (0, True, "no limit, as 0"),
+    "max_tokens": (1, True, "the server's default"),
+    "temperature": (0, True, "the server's default"),
+    "max_inflight": (1, True, ""),
+    "max_retries": (0, True, ""),
+}
+
+
+def _float_env(name: str, default: float) -> float | None:
+    """A float from the environment (empty or absent: `default`; "0": no limit)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        msg = f"{name}={raw!r} is not a number of seconds"
+        raise ValueError(msg) from None
+    return value or None
 
 
 # Starting in-flight limit of a default policy on a backend with engine metrics.
@@ -150,12 +181,15 @@ class BatchedChatModel(BaseChatModel):
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""
-    stream_chunk_timeout: float | None = 120.0
+    stream_chunk_timeout: float | None = Field(
+        default_factory=lambda: _float_env("LGB_STREAM_CHUNK_TIMEOUT_S", 120.0)
+    )
     """Streaming: the longest wait between two stream events, in seconds (None or 0:
-    no limit), as langchain-openai's option of the same name: SSE keep-alive comments
-    do not reset it. When it passes, `StreamChunkTimeoutError` (a retryable
-    `BackendTimeoutError`, logged at WARNING); retried when no content had reached
-    the caller yet."""
+    no limit; default 120, or env `LGB_STREAM_CHUNK_TIMEOUT_S`), as langchain-openai's
+    option of the same name: SSE keep-alive comments do not reset it. When it passes,
+    `StreamChunkTimeoutError` (a retryable `BackendTimeoutError`, logged at WARNING);
+    retried when no content had reached the caller yet. Unlike langchain-openai, a
+    negative value is refused (ValueError) rather than replaced by the default."""
     invalid_tool_calls: Literal["raise", "return"] = "raise"
     """What to do with a tool call the bound tools cannot take (arguments that are
     not JSON, not an object, miss a required property or have a wrong type, or a
@@ -178,12 +212,10 @@ class BatchedChatModel(BaseChatModel):
     backend: Backend | None = Field(default=None, exclude=True)
     """An explicit backend instance (overrides `base_url`)."""
     default_headers: dict[str, str] | None = Field(default=None, repr=False, exclude=True)
-    """Headers sent with every request (as `ChatOpenAI`'s). Models share a scheduler
-    and HTTP client only when their URL, key, headers and query all match. Values
-    may be secrets: they are left out of `repr`, `model_dump` and logs."""
+    """Headers sent with every request, as `ChatOpenAI`'s (kept out of repr, dumps, logs).
+    Models share a scheduler only when URL, key, headers and query all match."""
     default_query: dict[str, Any] | None = Field(default=None, repr=False)
-    """Query parameters added to every request URL (as `ChatOpenAI`'s); same sharing
-    rule as `default_headers`. Not for secrets: httpx logs URLs at INFO."""
+    """Query parameters of every request URL, as `ChatOpenAI`'s (not for secrets)."""
     extra_body: dict[str, Any] | None = None
     """Extra JSON body fields (vLLM/SGLang extras such as `top_k`, `cache_salt`)."""
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -201,51 +233,16 @@ class BatchedChatModel(BaseChatModel):
         backend_key(value)  # raises ValueError naming a bad URL
         return value
 
-    @field_validator("timeout", "total_timeout")
+    @field_validator(*_BOUNDS)
     @classmethod
-    def _check_timeout(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            msg = f"timeouts must be > 0 seconds (or None), got {value!r}"
-            raise ValueError(msg)
-        return value
-
-    @field_validator("stream_chunk_timeout")
-    @classmethod
-    def _check_chunk_timeout(cls, value: float | None) -> float | None:
-        if value is not None and value < 0:
-            msg = f"stream_chunk_timeout must be >= 0 seconds (0 or None: no limit), got {value!r}"
-            raise ValueError(msg)
-        return value
-
-    @field_validator("max_tokens")
-    @classmethod
-    def _check_max_tokens(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            msg = f"max_tokens must be >= 1 (or None: the server's default), got {value!r}"
-            raise ValueError(msg)
-        return value
-
-    @field_validator("temperature")
-    @classmethod
-    def _check_temperature(cls, value: float | None) -> float | None:
-        if value is not None and not value >= 0:
-            msg = f"temperature must be >= 0 (or None: the server's default), got {value!r}"
-            raise ValueError(msg)
-        return value
-
-    @field_validator("max_inflight")
-    @classmethod
-    def _check_inflight(cls, value: int) -> int:
-        if value < 1:
-            msg = f"max_inflight must be >= 1, got {value!r}"
-            raise ValueError(msg)
-        return value
-
-    @field_validator("max_retries")
-    @classmethod
-    def _check_retries(cls, value: int) -> int:
-        if value < 0:
-            msg = f"max_retries must be >= 0, got {value!r}"
+    def _check_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return value
+        name = info.field_name or ""
+        low, inclusive, none = _BOUNDS[name]
+        if not (value >= low if inclusive else value > low):
+            alt = f" (or None: {none})" if none else ""
+            msg = f"{name} must be {'>=' if inclusive else '>'} {low}{alt}, got {value!r}"
             raise ValueError(msg)
         return value
 
@@ -524,60 +521,21 @@ class BatchedChatModel(BaseChatModel):
         """
         if isinstance(self.scheduler, Scheduler):
             return self.scheduler
-        name = self.scheduler if isinstance(self.scheduler, str) else None
-        scheduler = scheduler_for(
+        named = isinstance(self.scheduler, str)
+        return scheduler_for(
             key=self.scheduler_key,
             backend_factory=self._make_backend,
             policy=self.policy or self.default_policy(),
-            name=name,
+            name=self.scheduler if named else None,
+            backend_key=self.backend_key if named else None,
         )
-        if name is not None and not is_registered(name):
-            # A name only this process's models give: the scheduler was built from
-            # the first such model's backend, with its credentials.
-            mine = self.backend_key
-            if scheduler.backend.key != mine:
-                msg = (
-                    f"scheduler {name!r} was created for {scheduler.backend.key}, but this "
-                    f"model calls {mine}: models that share a scheduler share its "
-                    "endpoint and credentials. Give this model another scheduler name, or "
-                    "register the scheduler with register_scheduler(...)."
-                )
-                raise ValueError(msg)
-        return scheduler
 
     def _tool_call_check(self, request: ChatRequest) -> Callable[[ChatResponse], None] | None:
         """A response check that rejects malformed tool calls (None: nothing to check)."""
         tools = request.params.get("tools")
         if self.invalid_tool_calls != "raise" or not tools:
             return None
-        attempts = 0
-
-        def check(response: ChatResponse) -> None:
-            nonlocal attempts
-            if not response.tool_calls:
-                return
-            bad = first_malformed_tool_call(response.tool_calls, tools)
-            if bad is None:
-                return
-            attempts += 1
-            call, reason = bad
-            cut = " (the response was cut off: finish_reason 'length', raise max_tokens)"
-            raise MalformedToolCallError(
-                f"the model called tool {call.name!r} with arguments that {reason}"
-                f"{cut if response.finish_reason == 'length' else ''}: "
-                f"{call.arguments[:200]!r}. Retried within max_retries ({attempts} malformed "
-                "response(s)). On vLLM, tool_choice='required' or a named tool constrains "
-                "tool-call JSON; invalid_tool_calls='return' hands such calls to the graph.",
-                tool_name=call.name,
-                arguments=call.arguments,
-                reason=reason,
-                tool_call_id=call.id,
-                finish_reason=response.finish_reason,
-                attempts=attempts,
-                request_id=request.request_id or None,
-            )
-
-        return check
+        return tool_call_check(tools, request_id=request.request_id or None)
 
     async def _submit(
         self,

@@ -1,5 +1,9 @@
 """HTTP plumbing shared by the backends: client settings and HTTP status errors.
 
+Client settings: `normalize_base_url` (validated), `make_timeout`,
+`credentials_hash` (what decides which callers may share a client),
+`env_proxy`.
+
 Everything that turns an HTTP error status into the `langgraph_batch.errors`
 tree lives here, so every backend reports the same failure the same way
 (transport failures are mapped in `_transport.py`):
@@ -12,11 +16,13 @@ tree lives here, so every backend reports the same failure the same way
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import html
 import json
 import re
 import secrets
 import time
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,10 +40,14 @@ from langgraph_batch.errors import (
 
 __all__ = (
     "DEFAULT_CONNECT_TIMEOUT",
+    "check_str_map",
+    "credentials_hash",
+    "env_proxy",
     "error_from_response",
     "is_route_not_found",
     "make_request_id",
     "make_timeout",
+    "normalize_base_url",
     "parse_context_length_message",
     "parse_retry_after",
     "summarize_body",
@@ -68,6 +78,82 @@ def make_timeout(
     if isinstance(connect_timeout, bool) or not connect_timeout > 0:
         raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout!r}")
     return httpx.Timeout(connect=connect_timeout, read=timeout, write=timeout, pool=pool_timeout)
+
+
+def credentials_hash(
+    api_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    query: Mapping[str, Any] | None = None,
+) -> str | None:
+    """A short, one-way digest of what authenticates and distinguishes a client.
+
+    Schedulers and HTTP clients are shared only by callers whose endpoint and
+    digest match; the digest (a sha256 prefix) is safe to log, the secrets are
+    never kept in a key.
+
+    Returns:
+        16 hex characters, or None when there is no key, header or query.
+
+    Example:
+        ```python
+        credentials_hash("sk-1") != credentials_hash("sk-2")  # True
+        ```
+    """
+    if not api_key and not headers and not query:
+        return None
+    h = hashlib.sha256()
+    h.update(b"key\x00" + (api_key or "").encode())
+    for name, value in sorted((str(k).lower(), str(v)) for k, v in (headers or {}).items()):
+        h.update(b"\x00h\x00" + name.encode() + b"\x00" + value.encode())
+    for name, value in sorted((str(k), str(v)) for k, v in (query or {}).items()):
+        h.update(b"\x00q\x00" + name.encode() + b"\x00" + value.encode())
+    return h.hexdigest()[:16]
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY)."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies:
+        return None
+    parsed = httpx.URL(url)
+    if urllib.request.proxy_bypass_environment(parsed.host, proxies):  # type: ignore[attr-defined]
+        return None
+    return proxies.get(parsed.scheme) or proxies.get("all")
+
+
+def normalize_base_url(url: str) -> str:
+    """The server root without a trailing `/` or `/v1` (endpoints add `/v1/...`).
+
+    Raises:
+        ValueError: when `url` is not an http(s) URL with a host and a port in 1..65535.
+    """
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(
+            f"base_url must be an http(s) URL such as http://127.0.0.1:8000 or "
+            f"http://127.0.0.1:8000/v1, got {url!r}"
+        )
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"base_url {url!r} is not a valid URL: {exc}") from None
+    if not parsed.host:
+        raise ValueError(f"base_url {url!r} has no host; use http://host:port")
+    port = parsed.port
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"base_url {url!r} has port {port}; a port must be in 1..65535")
+    return url
+
+
+def check_str_map(name: str, value: Mapping[str, str] | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"{name} must map header names to string values")
 
 
 def make_request_id(*, sibling_id: str | None = None, turn: int | None = None) -> str:

@@ -26,8 +26,9 @@ that owns the three things an inference client must get right:
   connections than the transport has requests on it, the pool is replaced by
   a fresh one and closed (with its orphans) as soon as its last request ends.
   `state()` reports connections and repairs.
-- **Errors.** `map_transport_errors` is the single table that turns httpcore
-  and httpx exceptions into the `langgraph_batch.errors` tree (httpx's
+- **Errors.** Everything the transport does goes through the one error table
+  (`_errormap.mapped_error`, `map_transport_errors`) that turns httpcore and
+  httpx exceptions into the `langgraph_batch.errors` tree (httpx's
   `map_httpcore_exceptions` is the model), for the request and for the
   response body, streams included.
 
@@ -41,20 +42,28 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpcore
 import httpx
 
-from langgraph_batch.errors import (
-    BackendConnectionError,
-    BackendError,
-    BackendStreamError,
-    BackendTimeoutError,
-    PoolTimeoutError,
+from langgraph_batch.backends._errormap import (
+    call_context,
+    map_transport_errors,
+    mapped_error,
 )
+from langgraph_batch.backends._pools import (
+    DEFAULT_LIMITS,
+    DEFAULT_POOL_TIMEOUT,
+    SHARD_CONNECTIONS,
+    CallInfo,
+    CorePool,
+    Pool,
+    Shard,
+    TransportState,
+)
+from langgraph_batch.errors import BackendConnectionError, PoolTimeoutError
 
 __all__ = (
     "DEFAULT_LIMITS",
@@ -69,309 +78,9 @@ __all__ = (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LIMITS = httpx.Limits(
-    max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=60.0
-)
-"""Many concurrent requests to one server: one connection per in-flight request."""
-
-SHARD_CONNECTIONS = 8
-"""Connections per pool shard (httpcore's per-event cost grows with its square).
-
-Measured with `benchmarks/http_pool_overhead.py`: 8 costs about a quarter of the
-client CPU per request of 32 (idle connections are rescanned on every event).
-"""
-
-DEFAULT_POOL_TIMEOUT = 30.0
-"""Seconds a request may wait for a free connection before `PoolTimeoutError`."""
-
 _CLEANUP_TIMEOUT_S = 5.0
 
-Phase = Literal["send", "body", "stream"]
-"""`send`: before the response headers; `body`: reading a body; `stream`: reading a stream."""
-
-
-@dataclass(slots=True)
-class CallInfo:
-    """Per-call context the backend hands to the transport (`extensions["lgb"]`).
-
-    The transport reads it only to write a precise error message.
-
-    Example:
-        ```python
-        info = CallInfo(request_id="lgb-r1")
-        await client.post(url, content=body, extensions={"lgb": info})
-        ```
-    """
-
-    request_id: str | None = None
-    """The request id sent to the server."""
-    stream: bool = False
-    """The body is a stream the caller consumes as it arrives (SSE)."""
-    chunks: int = 0
-    """Stream events the caller has parsed so far (the backend counts them)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TransportState:
-    """A snapshot of the transport's pools (`ShardedTransport.state()`).
-
-    Example:
-        ```python
-        s = backend.transport.state()
-        assert s.requests_active == 0 and s.connections_active == 0  # idle
-        ```
-    """
-
-    shards: int
-    """Pools created so far (each holds at most `SHARD_CONNECTIONS` connections)."""
-    requests_active: int
-    """Requests holding a connection slot now (until their response is closed)."""
-    requests_waiting: int
-    """Requests waiting for a slot (beyond `max_connections`)."""
-    connections_active: int
-    """Open connections that are not idle: carrying a request, or owned by nobody."""
-    connections_idle: int
-    """Idle keep-alive connections."""
-    pools_repaired: int
-    """Pools replaced since start because they held connections no request owned."""
-    pools_draining: int
-    """Replaced pools still waiting for their last request before they are closed."""
-
-
-# ----------------------------------------------------------------------------- error map
-
-# (httpcore class, httpx class) -> what it becomes. Order matters: most specific first.
-_TIMEOUTS = (httpcore.TimeoutException, httpx.TimeoutException)
-_CONNECT_TIMEOUTS = (httpcore.ConnectTimeout, httpx.ConnectTimeout)
-_POOL_TIMEOUTS = (httpcore.PoolTimeout, httpx.PoolTimeout)
-_CONNECT_ERRORS = (httpcore.ConnectError, httpx.ConnectError)
-_UNSUPPORTED = (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol)
-_TRANSPORT_ERRORS = (
-    httpcore.NetworkError,
-    httpcore.ProtocolError,
-    httpcore.ProxyError,
-    httpx.TransportError,
-    ConnectionError,
-)
-
-
-def mapped_error(
-    exc: BaseException,
-    url: object,
-    *,
-    request_id: str | None = None,
-    read_timeout: float | None = None,
-    phase: Phase = "send",
-    chunks: int = 0,
-) -> BackendError | None:
-    """The library error for a transport exception (None: not a transport exception).
-
-    Args:
-        exc: what httpcore, httpx or the socket raised.
-        url: the URL being called (for the message).
-        request_id: the request id sent, if any.
-        read_timeout: the read timeout in force (for the message).
-        phase: `"send"` until the response headers arrived, then `"body"` (a body
-            read whole) or `"stream"` (a stream consumed as it arrives).
-        chunks: stream events received before the failure.
-
-    Returns:
-        The mapped exception (not raised), or None when `exc` is no transport error.
-    """
-    where = str(url)
-    if isinstance(exc, BackendError):
-        return exc
-    if isinstance(exc, _POOL_TIMEOUTS):
-        return PoolTimeoutError(
-            f"no connection to {where} became free in time: every connection carries a "
-            "request; raise `limits.max_connections` or the pool timeout, or lower max_inflight",
-            url=where,
-            request_id=request_id,
-        )
-    if isinstance(exc, _CONNECT_TIMEOUTS):
-        return BackendTimeoutError(
-            f"connecting to {where} timed out: is the server up and reachable? check base_url",
-            url=where,
-            request_id=request_id,
-        )
-    if isinstance(exc, _TIMEOUTS):
-        if phase == "stream":
-            msg = (
-                f"{where} stopped sending for {read_timeout} s after {chunks} chunks: the "
-                "server is overloaded or stuck; raise `timeout=` or lower the load"
-            )
-        else:
-            msg = (
-                f"{where} did not answer within the read timeout ({read_timeout} s): the "
-                "server is overloaded or the generation is long; raise `timeout=` or lower "
-                "the load"
-            )
-        return BackendTimeoutError(msg, url=where, request_id=request_id)
-    if isinstance(exc, _CONNECT_ERRORS):
-        return BackendConnectionError(
-            f"could not connect to {where} ({_describe(exc)}): is the server running? "
-            "check base_url",
-            url=where,
-            request_id=request_id,
-        )
-    if isinstance(exc, _UNSUPPORTED):
-        return BackendConnectionError(
-            f"cannot call {where}: {exc}; base_url must start with http:// or https://",
-            url=where,
-            request_id=request_id,
-        )
-    if isinstance(exc, httpx.DecodingError):
-        return BackendStreamError(
-            f"could not decode the response from {where}: {exc}",
-            chunks_received=chunks,
-            url=where,
-            request_id=request_id,
-        )
-    if isinstance(exc, _TRANSPORT_ERRORS):
-        if phase == "body":
-            # Nothing reached the caller yet: as safe to retry as a reset.
-            return BackendConnectionError(
-                f"the connection to {where} dropped while the response was read "
-                f"({_describe(exc)}): the server restarted or a proxy cut the response",
-                url=where,
-                request_id=request_id,
-            )
-        if phase == "stream":
-            return BackendStreamError(
-                f"the connection to {where} dropped after the response started ({chunks} "
-                f"chunks received; {_describe(exc)}): the server restarted or a proxy cut "
-                "the response",
-                chunks_received=chunks,
-                url=where,
-                request_id=request_id,
-            )
-        # Reset, refused write, "server disconnected without sending a response": no
-        # response byte arrived, so the request is always safe to send again.
-        return BackendConnectionError(
-            f"the connection to {where} failed before a response ({_describe(exc)}): the "
-            "server closed or reset it; check that it is still running",
-            url=where,
-            request_id=request_id,
-        )
-    return None
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def map_transport_errors(
-    url: object,
-    *,
-    request_id: str | None = None,
-    read_timeout: float | None = None,
-    phase: Phase = "send",
-) -> Iterator[None]:
-    """Translate transport exceptions raised in the block into the error tree.
-
-    Example:
-        ```python
-        with map_transport_errors(url, request_id="r1", read_timeout=60.0):
-            response = await client.get(url)
-        ```
-
-    Raises:
-        PoolTimeoutError: no connection became free in time.
-        BackendTimeoutError: connect, read or write timeout.
-        BackendStreamError: the body broke after the response started.
-        BackendConnectionError: refused, reset, DNS failure, protocol error.
-    """
-    try:
-        yield
-    except Exception as exc:
-        mapped = mapped_error(
-            exc, url, request_id=request_id, read_timeout=read_timeout, phase=phase
-        )
-        if mapped is None or mapped is exc:
-            raise
-        raise mapped from exc
-
-
-def _context(request: httpx.Request) -> tuple[str | None, float | None, CallInfo | None]:
-    ext = request.extensions
-    info = ext.get("lgb")
-    timeout = ext.get("timeout")
-    read = timeout.get("read") if isinstance(timeout, dict) else None
-    if isinstance(info, CallInfo):
-        return info.request_id, read, info
-    return request.headers.get("x-request-id"), read, None
-
-
-# ------------------------------------------------------------------------------- pools
-
-
-class _CorePool(httpx.AsyncBaseTransport):
-    """One `httpcore.AsyncConnectionPool` behind httpx's transport interface (no mapping)."""
-
-    __slots__ = ("pool",)
-
-    def __init__(self, pool: httpcore.AsyncConnectionPool) -> None:
-        self.pool = pool
-
-    @property
-    def connections(self) -> list[httpcore.AsyncConnectionInterface]:
-        """The pool's connections (httpcore's public introspection)."""
-        return self.pool.connections
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        req = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        resp = await self.pool.handle_async_request(req)
-        return httpx.Response(
-            status_code=resp.status,
-            headers=resp.headers,
-            stream=resp.stream,  # type: ignore[arg-type]  # iterated and closed by _Stream
-            extensions=resp.extensions,
-        )
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()
-
-
-class _Pool:
-    """One generation of a shard's pool and the requests the transport has on it."""
-
-    __slots__ = ("active", "inner", "retired", "suspect")
-
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
-        self.active = 0
-        self.suspect = False
-        self.retired = False
-
-    def busy_connections(self) -> int | None:
-        """Connections neither idle nor closed (None: the pool cannot tell)."""
-        conns = getattr(self.inner, "connections", None)
-        if conns is None:
-            return None
-        return sum(1 for c in conns if not c.is_idle() and not c.is_closed())
-
-
-class _Shard:
-    """A slot budget (`capacity` connections) served by one live pool."""
-
-    __slots__ = ("active", "capacity", "limits", "pool")
-
-    def __init__(self, capacity: int, limits: httpx.Limits, pool: _Pool) -> None:
-        self.capacity = capacity
-        self.limits = limits
-        self.pool = pool
-        self.active = 0
+# ------------------------------------------------------------------------------ requests
 
 
 class _Stream(httpx.AsyncByteStream):
@@ -382,8 +91,8 @@ class _Stream(httpx.AsyncByteStream):
     def __init__(
         self,
         transport: ShardedTransport,
-        shard: _Shard,
-        pool: _Pool,
+        shard: Shard,
+        pool: Pool,
         inner: Any,
         request: httpx.Request,
     ) -> None:
@@ -402,7 +111,7 @@ class _Stream(httpx.AsyncByteStream):
         except Exception as exc:
             self._abnormal = True
             request = self._request
-            rid, read, info = _context(request)
+            rid, read, info = call_context(request)
             mapped = mapped_error(
                 exc,
                 request.url,
@@ -501,11 +210,11 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         self._factory = shard_factory
         self._left = total
         self._keepalive_left = limits.max_keepalive_connections
-        self._shards: list[_Shard] = []
+        self._shards: list[Shard] = []
         self._active = 0
-        self._waiters: collections.deque[asyncio.Future[_Shard]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[Shard]] = collections.deque()
         self._cleanups: set[asyncio.Task[None]] = set()
-        self._draining: set[_Pool] = set()
+        self._draining: set[Pool] = set()
         self._repaired = 0
         self._closed = False
 
@@ -546,13 +255,13 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
     # ------------------------------------------------------------------ shards
 
-    def _new_pool(self, limits: httpx.Limits) -> _Pool:
+    def _new_pool(self, limits: httpx.Limits) -> Pool:
         if self._inner is not None:
-            return _Pool(self._inner)
+            return Pool(self._inner)
         if self._factory is not None:
-            return _Pool(self._factory(limits))
-        return _Pool(
-            _CorePool(
+            return Pool(self._factory(limits))
+        return Pool(
+            CorePool(
                 httpcore.AsyncConnectionPool(
                     ssl_context=self._ssl_context,
                     proxy=self._proxy,
@@ -570,7 +279,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             return False
         return self._left is None or self._left > 0
 
-    def _add_shard(self) -> _Shard:
+    def _add_shard(self) -> Shard:
         limits = self._limits
         total = limits.max_connections
         if self._inner is not None or (total is not None and total <= self._size):
@@ -597,12 +306,12 @@ class ShardedTransport(httpx.AsyncBaseTransport):
                 max_keepalive_connections=keepalive,
                 keepalive_expiry=limits.keepalive_expiry,
             )
-        shard = _Shard(capacity, shard_limits, self._new_pool(shard_limits))
+        shard = Shard(capacity, shard_limits, self._new_pool(shard_limits))
         self._shards.append(shard)
         return shard
 
-    def _try_acquire(self) -> _Shard | None:
-        best: _Shard | None = None
+    def _try_acquire(self) -> Shard | None:
+        best: Shard | None = None
         for shard in self._shards:
             if shard.active < shard.capacity and (best is None or shard.active < best.active):
                 best = shard
@@ -615,12 +324,12 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             self._active += 1
         return best
 
-    async def _acquire(self, request: httpx.Request) -> _Shard:
+    async def _acquire(self, request: httpx.Request) -> Shard:
         if not self._waiters:
             shard = self._try_acquire()
             if shard is not None:
                 return shard
-        fut: asyncio.Future[_Shard] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Shard] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
             if self.pool_timeout is None:
@@ -634,7 +343,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             else:
                 fut.cancel()
             if isinstance(exc, TimeoutError):
-                rid, _, _ = _context(request)
+                rid, _, _ = call_context(request)
                 raise PoolTimeoutError(
                     f"no connection to {request.url.host} became free within "
                     f"{self.pool_timeout} s: all {self.max_connections} connections carry "
@@ -647,7 +356,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
                 ) from None
             raise
 
-    def _release(self, shard: _Shard, pool: _Pool, *, abnormal: bool) -> None:
+    def _release(self, shard: Shard, pool: Pool, *, abnormal: bool) -> None:
         """A request on `pool` is over (its response closed, or it failed)."""
         pool.active -= 1
         if abnormal:
@@ -659,7 +368,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             self._spawn(self._close_pool(pool))
         self._release_slot(shard)
 
-    def _release_slot(self, shard: _Shard) -> None:
+    def _release_slot(self, shard: Shard) -> None:
         """Give a connection slot of `shard` back: to the first waiter, if any."""
         shard.active -= 1
         self._active -= 1
@@ -672,7 +381,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
                 fut.set_result(shard)
                 return
 
-    def _check(self, shard: _Shard, pool: _Pool) -> None:
+    def _check(self, shard: Shard, pool: Pool) -> None:
         """Replace a pool that holds connections no request owns (see the module doc)."""
         if pool.retired:
             return
@@ -699,7 +408,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         else:
             self._draining.add(pool)
 
-    async def _close_pool(self, pool: _Pool) -> None:
+    async def _close_pool(self, pool: Pool) -> None:
         if pool.inner is self._inner:
             return
         async with asyncio.timeout(_CLEANUP_TIMEOUT_S):
@@ -754,7 +463,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         except BaseException as exc:
             self._release(shard, pool, abnormal=True)
             if isinstance(exc, Exception):
-                rid, read, _ = _context(request)
+                rid, read, _ = call_context(request)
                 mapped = mapped_error(exc, request.url, request_id=rid, read_timeout=read)
                 if mapped is not None and mapped is not exc:
                     raise mapped from exc

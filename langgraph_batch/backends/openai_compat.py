@@ -14,10 +14,8 @@ transport-error map, streams included.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,8 +23,12 @@ import httpx
 
 from langgraph_batch.backends._http import (
     DEFAULT_CONNECT_TIMEOUT,
+    check_str_map,
+    credentials_hash,
+    env_proxy,
     error_from_response,
     make_timeout,
+    normalize_base_url,
     summarize_body,
 )
 from langgraph_batch.backends._sse import (
@@ -78,82 +80,6 @@ _decode_json = json.JSONDecoder().decode
 # After [DONE], read what is left of the body for at most this long, so that
 # the connection goes back to the pool instead of being closed.
 _DRAIN_S = 0.5
-
-
-def credentials_hash(
-    api_key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    query: Mapping[str, Any] | None = None,
-) -> str | None:
-    """A short, one-way digest of what authenticates and distinguishes a client.
-
-    Schedulers and HTTP clients are shared only by callers whose endpoint and
-    digest match; the digest (a sha256 prefix) is safe to log, the secrets are
-    never kept in a key.
-
-    Returns:
-        16 hex characters, or None when there is no key, header or query.
-
-    Example:
-        ```python
-        credentials_hash("sk-1") != credentials_hash("sk-2")  # True
-        ```
-    """
-    if not api_key and not headers and not query:
-        return None
-    h = hashlib.sha256()
-    h.update(b"key\x00" + (api_key or "").encode())
-    for name, value in sorted((str(k).lower(), str(v)) for k, v in (headers or {}).items()):
-        h.update(b"\x00h\x00" + name.encode() + b"\x00" + value.encode())
-    for name, value in sorted((str(k), str(v)) for k, v in (query or {}).items()):
-        h.update(b"\x00q\x00" + name.encode() + b"\x00" + value.encode())
-    return h.hexdigest()[:16]
-
-
-def _env_proxy(url: str) -> str | None:
-    """The proxy the environment names for `url` (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY)."""
-    proxies = urllib.request.getproxies_environment()
-    if not proxies:
-        return None
-    parsed = httpx.URL(url)
-    if urllib.request.proxy_bypass_environment(parsed.host, proxies):  # type: ignore[attr-defined]
-        return None
-    return proxies.get(parsed.scheme) or proxies.get("all")
-
-
-def normalize_base_url(url: str) -> str:
-    """The server root without a trailing `/` or `/v1` (endpoints add `/v1/...`).
-
-    Raises:
-        ValueError: when `url` is not an http(s) URL with a host and a port in 1..65535.
-    """
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(
-            f"base_url must be an http(s) URL such as http://127.0.0.1:8000 or "
-            f"http://127.0.0.1:8000/v1, got {url!r}"
-        )
-    url = url.strip().rstrip("/")
-    if url.endswith("/v1"):
-        url = url[:-3]
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise ValueError(f"base_url {url!r} is not a valid URL: {exc}") from None
-    if not parsed.host:
-        raise ValueError(f"base_url {url!r} has no host; use http://host:port")
-    port = parsed.port
-    if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"base_url {url!r} has port {port}; a port must be in 1..65535")
-    return url
-
-
-def _check_str_map(name: str, value: Mapping[str, str] | None) -> None:
-    if value is None:
-        return
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ValueError(f"{name} must map header names to string values")
 
 
 def _json_default(obj: object) -> object:
@@ -223,7 +149,7 @@ class OpenAICompatibleBackend(Backend):
         self.base_url = normalize_base_url(base_url)
         if limits is not None and not isinstance(limits, httpx.Limits):
             raise ValueError(f"limits must be an httpx.Limits, got {type(limits).__name__}")
-        _check_str_map("headers", headers)
+        check_str_map("headers", headers)
         if query is not None and not isinstance(query, Mapping):
             raise ValueError(f"query must be a mapping of names to values, got {query!r}")
         if api_key is not None and not isinstance(api_key, str):
@@ -245,7 +171,7 @@ class OpenAICompatibleBackend(Backend):
             limits=limits or DEFAULT_LIMITS,
             pool_timeout=pool_timeout,
             ssl_context=ssl_context,
-            proxy=None if transport is not None else _env_proxy(self.base_url),
+            proxy=None if transport is not None else env_proxy(self.base_url),
             inner=transport,
         )
         self._client = httpx.AsyncClient(

@@ -451,14 +451,17 @@ class Scheduler:
             )
         if self._priority_to_engine and request.priority == 0:
             item.payload = request = replace(request, priority=self._engine_priority(item))
-        args = (loop, item, request, max_retries, on_chunk, sibling, check)
         try:
             if timeout is None:
-                return await self._execute(*args)
+                return await self._execute(
+                    loop, item, request, max_retries, on_chunk, sibling, check
+                )
             cm = asyncio.timeout(timeout)
             try:
                 async with cm:
-                    return await self._execute(*args)
+                    return await self._execute(
+                        loop, item, request, max_retries, on_chunk, sibling, check
+                    )
             except TimeoutError as exc:
                 if not cm.expired():
                     raise

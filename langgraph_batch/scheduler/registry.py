@@ -25,7 +25,6 @@ from langgraph_batch.scheduler._runner import Scheduler, SchedulerState
 
 __all__ = (
     "get_scheduler",
-    "is_registered",
     "known_schedulers",
     "loop_schedulers",
     "register_scheduler",
@@ -74,6 +73,7 @@ def scheduler_for(
     backend_factory: BackendFactory,
     policy: BatchPolicy | None = None,
     name: str | None = None,
+    backend_key: str | None = None,
 ) -> Scheduler:
     """The shared scheduler for `key` in the running event loop, created on first use.
 
@@ -92,12 +92,16 @@ def scheduler_for(
         backend_factory: builds the backend when a scheduler must be created.
         policy: the policy of a newly created scheduler.
         name: also make the scheduler findable by `get_scheduler(name)` in this loop.
+        backend_key: with a `name` that is not registered: the key of the backend
+            the caller means to use. A scheduler an earlier caller created under
+            that name for another backend key (other credentials) is refused.
 
     Returns:
         The scheduler (its runner starts on the first submit).
 
     Raises:
         RuntimeError: no event loop is running.
+        ValueError: `backend_key` differs from the named scheduler's backend.
 
     Example:
         ```python
@@ -106,6 +110,7 @@ def scheduler_for(
         ```
     """
     loop = asyncio.get_running_loop()
+    recipe = None
     with _lock:
         if name is not None:
             inst = _instances.get(name)
@@ -124,6 +129,12 @@ def scheduler_for(
             per_loop[key] = s
         if name is not None:
             _names_by_loop.setdefault(loop, {})[name] = key
+            if backend_key is not None and recipe is None and s.backend.key != backend_key:
+                raise ValueError(
+                    f"scheduler {name!r} was created for {s.backend.key}, but this caller "
+                    f"uses {backend_key}: callers that share a scheduler share its endpoint "
+                    "and credentials. Use another scheduler name, or register_scheduler(...)."
+                )
         return s
 
 
@@ -189,19 +200,6 @@ def register_scheduler(
         assert backend_factory is not None
         _recipes[name] = _Recipe(backend_factory, policy)
         return None
-
-
-def is_registered(name: str) -> bool:
-    """True when `register_scheduler` made `name` known (an instance or a recipe).
-
-    Example:
-        ```python
-        register_scheduler("main", backend_factory=lambda: backend_from_url(url))
-        assert is_registered("main")
-        ```
-    """
-    with _lock:
-        return name in _instances or name in _recipes
 
 
 def unregister_scheduler(name: str) -> None:

@@ -502,3 +502,15 @@ async def test_langgraph_messages_stream_mode_gets_tokens() -> None:
     assert "".join(tokens) == "hello world"
     assert len(tokens) >= 3
     assert backend.requests[0].stream is True
+
+
+def test_stream_chunk_timeout_default_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert BatchedChatModel(model="x").stream_chunk_timeout == 120.0
+    monkeypatch.setenv("LGB_STREAM_CHUNK_TIMEOUT_S", "7.5")
+    assert BatchedChatModel(model="x").stream_chunk_timeout == 7.5
+    monkeypatch.setenv("LGB_STREAM_CHUNK_TIMEOUT_S", "0")
+    assert BatchedChatModel(model="x").stream_chunk_timeout is None
+    assert BatchedChatModel(model="x", stream_chunk_timeout=3).stream_chunk_timeout == 3
+    monkeypatch.setenv("LGB_STREAM_CHUNK_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="LGB_STREAM_CHUNK_TIMEOUT_S"):
+        BatchedChatModel(model="x")
