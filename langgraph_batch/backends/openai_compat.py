@@ -79,7 +79,7 @@ _decode_json = json.JSONDecoder().decode
 
 # After [DONE], read what is left of the body for at most this long, so that
 # the connection goes back to the pool instead of being closed.
-_DRAIN_S = 0.5
+_DRAIN_S = 0.1
 
 
 def _json_default(obj: object) -> object:

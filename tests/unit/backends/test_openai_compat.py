@@ -516,3 +516,24 @@ def test_bad_options_fail_at_construction(kwargs: dict[str, object], match: str)
 def test_bad_ports_fail_at_construction(url: str) -> None:
     with pytest.raises(ValueError, match=r"port|not a valid URL"):
         OpenAICompatibleBackend(url)
+
+
+async def test_a_body_left_open_after_done_does_not_hold_the_answer(recorder: Recorder) -> None:
+    import time
+
+    class OpenAfterDone(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[no-untyped-def]
+            import anyio
+
+            yield sse(chunk(content="hi", finish_reason="stop"))  # ends with [DONE]
+            await anyio.sleep(30)  # a server or proxy that never ends the body
+
+    recorder.handler = lambda r: httpx.Response(
+        200, stream=OpenAfterDone(), headers={"content-type": "text/event-stream"}
+    )
+    async with make(recorder) as b:
+        t0 = time.monotonic()
+        resp = await b.chat(req(stream=True))
+        assert resp.content == "hi"
+        assert time.monotonic() - t0 < 2.0  # the drain after [DONE] is bounded
+        assert b.transport.state().requests_active == 0
