@@ -37,7 +37,9 @@ def make(url: str, **kw: Any) -> BatchedChatModel:
 
 
 async def test_invoke_and_stream_usage(emulator_url: str) -> None:
-    llm = make(emulator_url, max_tokens=32)
+    # 48 tokens: enough decode steps that the stream arrives as several events even
+    # when the emulator's loop is slow to wake (it sends what arrived since then).
+    llm = make(emulator_url, max_tokens=64, emulator={"output_tokens": 48})
     msg = await llm.ainvoke("hello there")
     assert msg.text
     assert msg.usage_metadata is not None
