@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test lint type format unit integration standard bench emulate clean
+.PHONY: demo test lint type format unit integration standard chaos bench emulate clean
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -34,6 +34,10 @@ standard: $(VENV)/.installed
 
 integration: $(VENV)/.installed
 	$(PY) -m pytest tests/integration -q
+
+## The chaos suite alone (also part of `make test`): prints its figures.
+chaos: $(VENV)/.installed
+	$(PY) -m pytest tests/chaos -q -m chaos
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check langgraph_batch tests benchmarks examples
