@@ -387,6 +387,10 @@ def fit_length(
     target = max_tokens if ignore_eos else min(max(min_tokens, 0), max_tokens)
     missing = target - plan.num_tokens
     if missing <= 0:
+        # Under ignore_eos an answer ends only at max_tokens: even one whose
+        # natural length was exactly max_tokens reports `length`, as vLLM does.
+        if ignore_eos and not plan.tool_calls and plan.finish_reason != "length":
+            plan = replace(plan, finish_reason="length")
         return plan
     if plan.structured:
         plan = replace(plan, hidden_tokens=plan.hidden_tokens + missing)

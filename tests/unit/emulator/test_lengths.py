@@ -131,3 +131,14 @@ def test_an_enum_that_lists_the_task_key_picks_it(key: str) -> None:
     # a key the enum does not list: some member, deterministically
     value = value_for_schema(schema, key="zz", rng=random.Random(0))
     assert value in schema["enum"]
+
+
+def test_ignore_eos_answer_of_exactly_max_tokens_finishes_by_length() -> None:
+    # vLLM under ignore_eos stops only at max_tokens, so the finish reason is
+    # `length` even when the model's natural answer had exactly that length.
+    plan = _answer()
+    assert plan.finish_reason == "stop"
+    out = fit_length(plan, max_tokens=plan.num_tokens, ignore_eos=True)
+    assert out.num_tokens == plan.num_tokens
+    assert out.finish_reason == "length"
+    assert fit_length(plan, max_tokens=plan.num_tokens).finish_reason == "stop"
