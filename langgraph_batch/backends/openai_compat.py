@@ -556,8 +556,15 @@ class OpenAICompatibleBackend(Backend):
 
     async def _get(self, url: httpx.URL) -> httpx.Response:
         self._check_open()
-        with map_transport_errors(url, read_timeout=self.timeout):
-            return await self._client.get(url)
+        # A shard with a free connection, as for completions: on the primary
+        # client a metrics poll would wait behind its long-running completions
+        # (seconds), and the scheduler would adapt on stale load figures.
+        shard = self._shards.acquire()
+        try:
+            with map_transport_errors(url, read_timeout=self.timeout):
+                return await shard.client.get(url)
+        finally:
+            self._shards.release(shard)
 
     async def models(self) -> list[ModelInfo]:
         """The models `/v1/models` lists, with `max_model_len` where the server says.

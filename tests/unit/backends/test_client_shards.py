@@ -197,3 +197,37 @@ async def test_custom_transport_uses_one_client() -> None:
                     tg.start_soon(backend.chat, req(f"t{i}"))
         assert len(backend._shards.shards) == 1
         assert backend._shards.shards[0].client is backend._client
+
+
+async def test_a_get_does_not_wait_behind_completions_on_a_full_shard() -> None:
+    """`models()`/`metrics()` take a shard with a free connection, like completions.
+
+    On the primary client a metrics poll waited behind its long completions
+    (seconds on a busy server), and the scheduler adapted on stale figures.
+    """
+    gate = Gate()
+    gets: list[int] = []
+
+    class Probe(ShardProbe):
+        def _new_client(self, limits: httpx.Limits) -> httpx.AsyncClient:
+            client = super()._new_client(limits)
+            index = len(self.made) - 1
+            chat = client._transport
+
+            async def handler(request: httpx.Request) -> httpx.Response:
+                if request.method == "GET":
+                    gets.append(index)
+                    return httpx.Response(200, json={"data": [{"id": "m"}]})
+                return await chat.handle_async_request(request)  # type: ignore[attr-defined]
+
+            return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+    backend = Probe(gate)
+    async with backend, anyio.create_task_group() as tg:
+        for i in range(SHARD_CONNECTIONS):
+            tg.start_soon(backend.chat, req(f"r{i}"))
+        await wait_until(lambda: gate.waiting == SHARD_CONNECTIONS)
+        assert [m.id for m in await backend.models()] == ["m"]
+        assert gets == [1]  # a second client: the first one's connections are all busy
+        assert [s.inflight for s in backend._shards.shards] == [SHARD_CONNECTIONS, 0]
+        gate.open.set()
