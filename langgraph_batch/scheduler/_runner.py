@@ -251,6 +251,7 @@ class Scheduler:
             warmups=core.warmups,
             warm_held=core.held_total,
             warm_held_s=core.held_s,
+            decode_cap=core.decode_limit,
         )
 
     def __repr__(self) -> str:
@@ -434,6 +435,7 @@ class Scheduler:
                 batchable=request.batchable,
                 payload=request,
                 prefix=prefix,
+                left=sibling.left,
             )
         else:
             item = PolicyItem(

@@ -78,6 +78,9 @@ class SchedulerStats:
     """Requests held until a sibling warmed their shared prefix."""
     warm_held_s: float = 0.0
     """Seconds requests spent held behind prefix warm-ups, summed."""
+    decode_cap: int | None = None
+    """Agent requests the decode cap lets decode at once now, learned from the
+    engine's metrics (None: not capping; see `BatchPolicy.decode_cap`)."""
 
 
 class StatsRecorder:
