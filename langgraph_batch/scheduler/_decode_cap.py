@@ -226,6 +226,7 @@ class DecodeCap:
         """The level the last probe up left (going back there is no step down)."""
         self._slow_start = True
         self._last: tuple[float, float, float | None] | None = None
+        self._engines = 1
         self.moves = 0
         """Times the cap moved."""
 
@@ -233,8 +234,8 @@ class DecodeCap:
 
     @property
     def limit(self) -> int:
-        """The cap now: how many requests may decode at once."""
-        return min(max(_grid(self._k), self._floor), self._ceiling)
+        """The cap now: how many requests may decode at once (on all engines)."""
+        return min(max(_grid(self._k) * self._engines, self._floor), self._ceiling)
 
     @property
     def active(self) -> bool:
@@ -252,11 +253,15 @@ class DecodeCap:
         return self._c
 
     def throughput(self, concurrency: float) -> float | None:
-        """Fitted decode tokens/s at the grid level nearest `concurrency` (None: unmeasured)."""
-        if concurrency < 1:
+        """Fitted decode tokens/s at the grid level nearest `concurrency` (None: unmeasured).
+
+        Both on all engines (the fit is per engine).
+        """
+        per_engine = concurrency / self._engines
+        if per_engine < 1:
             return None
-        level = self._levels.get(_index(concurrency))
-        return None if level is None else math.exp(-level.log_u)
+        level = self._levels.get(_index(per_engine))
+        return None if level is None else self._engines * math.exp(-level.log_u)
 
     def wave(self, left: int | None) -> int:
         """The cap rounded so that `left` remaining siblings run in equal waves.
@@ -286,7 +291,7 @@ class DecodeCap:
         size = -(-left // waves)
         if self.slower_at(size):
             smaller = -(-left // (waves + 1))
-            if _index(smaller) >= self._k:  # still the cap's level, not below the knee
+            if _index(smaller / self._engines) >= self._k:  # the cap's level, not below the knee
                 size = smaller
         return min(size, self._ceiling)
 
@@ -298,7 +303,8 @@ class DecodeCap:
         no small last one) only to a concurrency not known to be slower.
         """
         here = self._levels.get(self._k)
-        there = self._levels.get(_index(concurrency)) if concurrency >= 1 else None
+        per_engine = concurrency / self._engines
+        there = self._levels.get(_index(per_engine)) if per_engine >= 1 else None
         if here is None or there is None:
             return False
         return there.log_u > here.log_u + self._margin
@@ -314,6 +320,7 @@ class DecodeCap:
         in_flight: float,
         busy: bool,
         bound: bool,
+        engines: int = 1,
     ) -> None:
         """Learn from one metrics sample.
 
@@ -325,10 +332,15 @@ class DecodeCap:
             in_flight: our mean number of requests in flight since the previous sample.
             busy: whether we had a request in flight all the time since then.
             bound: whether the cap held a request back since then.
+            engines: how many engines the counters sum over (a pool's replicas):
+                the fit is per engine (load spread evenly), the cap for all.
         """
+        engines = max(1, engines)
         last = self._last
         self._last = (now, generated, prefill)
-        if last is None:
+        if last is None or engines != self._engines:
+            # First sample, or the counters now cover other engines: a new baseline.
+            self._engines = engines
             return
         dt = now - last[0]
         tokens = generated - last[1]
@@ -337,14 +349,17 @@ class DecodeCap:
             # No interval, a counter reset (server restart), or the engine may
             # have idled: nothing to learn.
             return
+        per_engine = in_flight / engines
+        if per_engine < 1.0:
+            return
         self._samples += 1
         self._window.append(
             _Sample(
-                k=_index(in_flight),
+                k=_index(per_engine),
                 seconds=dt,
-                tokens=tokens,
-                prefill=computed,
-                log_b=math.log(in_flight),
+                tokens=tokens / engines,
+                prefill=computed / engines,
+                log_b=math.log(per_engine),
                 index=self._samples,
             )
         )

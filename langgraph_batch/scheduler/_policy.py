@@ -838,7 +838,13 @@ class BatchPolicyCore:
         busy = not self._idle and self._in_flight > 0
         self._idle = self._in_flight == 0
         decode.observe(
-            now, generated=generated, prefill=prefill, in_flight=mean, busy=busy, bound=bound
+            now,
+            generated=generated,
+            prefill=prefill,
+            in_flight=mean,
+            busy=busy,
+            bound=bound,
+            engines=metrics.engines or 1,
         )
 
     def _decode_room(self, now: float) -> int | None:

@@ -119,6 +119,7 @@ def test_vllm_metrics() -> None:
     assert m.block_size == 16
     assert m.kv_capacity_tokens == 2 * 16 * 27500
     assert m.prefix_caching is True
+    assert m.engines == 2  # data-parallel engines of one server
 
 
 def test_vllm_metrics_before_kv_is_sized() -> None:

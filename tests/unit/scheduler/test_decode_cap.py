@@ -251,6 +251,37 @@ def test_steps_down_to_a_lower_level_measured_better() -> None:
     assert engine.limits[-1] == 23
 
 
+def test_the_cap_is_learned_per_engine_and_applies_to_all() -> None:
+    # Four replicas behind a pool: the counters are sums, the load is spread.
+    cap = DecodeCap(ceiling=1024)
+    four = h100(3000)
+    t, gen = 0.0, 0.0
+    cap.observe(t, generated=gen, prefill=0, in_flight=64, busy=True, bound=True, engines=4)
+    assert cap.limit == 64  # 16 per engine
+    limits = []
+    for _ in range(30):
+        b = cap.limit
+        t += 0.5
+        gen += 4 * four(b / 4) * 0.5
+        cap.observe(t, generated=gen, prefill=0, in_flight=b, busy=True, bound=True, engines=4)
+        limits.append(cap.limit)
+    assert statistics.mode(limits[-20:]) == 64
+    assert 92 in limits  # 23 per engine, tried and left
+    assert cap.throughput(64) == pytest.approx(4 * four(16), rel=1e-6)
+    assert cap.throughput(2) is None  # under one request per engine
+    assert cap.wave(100) == 100  # under two caps: at once
+    # A replica drops out of the counters: a new baseline, no bogus interval.
+    moves = cap.moves
+    cap.observe(
+        t + 0.5, generated=gen / 2, prefill=0, in_flight=64, busy=True, bound=True, engines=2
+    )
+    cap.observe(
+        t + 1.0, generated=gen / 2 + 900, prefill=0, in_flight=30, busy=True, bound=True, engines=2
+    )
+    assert cap.limit == 32  # 16 per engine on 2
+    assert cap.moves == moves
+
+
 def test_wave_rounds_what_is_left_into_equal_waves() -> None:
     cap = DecodeCap(ceiling=256, start=16)
     assert cap.wave(None) == 16
