@@ -1,7 +1,9 @@
 """Write a workload's results: JSON (all raw numbers), a Markdown table and a PNG chart.
 
-The goals of WORKLOADS.md / issue 4 are evaluated here from the JSON numbers
-only, and every goal is reported with its measured ratio, met or not.
+The goals (issue 9's for W1, W3 and W6, on the recalibrated emulator; the
+earlier ones for W5 and W7) are evaluated here from the JSON numbers only, and
+every goal is reported with its measured ratio, met or not, beside what the
+`ideal` bound itself achieves where that caps what any client can reach.
 """
 
 from __future__ import annotations
@@ -106,6 +108,22 @@ def _goal(
     return out
 
 
+def _tail_goal(lgb: Mapping[str, Any] | None) -> dict[str, Any]:
+    """No straggler tail: the last 5% of siblings finish within 5% of the makespan.
+
+    On the real vLLM the 4 siblings admitted last decoded alone for the last
+    2 s of 18 (issue 9): makespan - p95 was 11% of the makespan.
+    """
+    makespan, p95 = _num(lgb, "makespan_s"), _num(lgb, "latency_p95_s")
+    measured = None if makespan is None or p95 is None or makespan <= 0 else 1 - p95 / makespan
+    return {
+        "goal": "no straggler tail: makespan - p95 sibling latency <= 5% of makespan",
+        "measured": measured,
+        "limit": 0.05,
+        "met": None if measured is None else measured <= 0.05,
+    }
+
+
 def goals(
     workload: str, contenders: Mapping[str, Mapping[str, Any]], n: int
 ) -> list[dict[str, Any]]:
@@ -118,18 +136,20 @@ def goals(
     ideal = c("ideal")
     out: list[dict[str, Any]] = []
     if workload == "W1":
+        out.append(_goal("makespan <= 0.75x naive", lgb, c("naive"), "makespan_s", 0.75, ideal))
         out.append(
             _goal(
-                "makespan <= 0.5x naive-bounded", lgb, c("naive-bounded"), "makespan_s", 0.5, ideal
+                "makespan <= 0.70x naive-bounded", lgb, c("naive-bounded"), "makespan_s", 0.7, ideal
             )
         )
         out.append(
-            _goal("makespan <= 0.8x batchagent", lgb, c("batchagent"), "makespan_s", 0.8, ideal)
+            _goal("makespan <= 0.75x batchagent", lgb, c("batchagent"), "makespan_s", 0.75, ideal)
         )
-        out.append(_goal("makespan <= 1.0x naive", lgb, c("naive"), "makespan_s", 1.0, ideal))
+        out.append(_goal("makespan <= 1.10x ideal", lgb, c("ideal"), "makespan_s", 1.1))
         out.append(
-            _goal("p95 sibling latency <= 0.6x naive", lgb, c("naive"), "latency_p95_s", 0.6)
+            _goal("p50 sibling latency <= 0.7x naive's", lgb, c("naive"), "latency_p50_s", 0.7)
         )
+        out.append(_tail_goal(lgb))
         executed = _num(lgb, "tool_calls_executed")
         distinct = _num(lgb, "tool_distinct_keys")
         out.append(
@@ -141,26 +161,24 @@ def goals(
                 "detail": {"executed": executed, "distinct_keys": distinct},
             }
         )
-        out.append(_goal("makespan <= 1.25x ideal", lgb, c("ideal"), "makespan_s", 1.25))
     elif workload == "W3":
-        out.append(_goal("makespan <= 0.75x naive", lgb, c("naive"), "makespan_s", 0.75, ideal))
+        out.append(_goal("makespan <= 1.15x ideal", lgb, c("ideal"), "makespan_s", 1.15))
         out.append(
             _goal(
-                "prefill tokens computed <= 0.6x naive's",
+                "prefill tokens computed <= 0.5x naive's",
                 lgb,
                 c("naive"),
                 "prefill_tokens_computed",
-                0.6,
+                0.5,
             )
         )
         mine, theirs = _num(lgb, "preemptions"), _num(c("naive"), "preemptions")
-        measured = _ratio(mine, theirs)
         out.append(
             {
-                "goal": "preemptions <= 10% of naive's",
-                "measured": measured,
-                "limit": 0.1,
-                "met": None if mine is None or theirs is None else mine <= 0.1 * theirs,
+                "goal": "0 preemptions",
+                "measured": mine,
+                "limit": 0.0,
+                "met": None if mine is None else mine == 0,
                 "detail": {
                     "langgraph-batch": mine,
                     "naive": theirs,
@@ -169,14 +187,10 @@ def goals(
                         "naive": _num(c("naive"), "evictions"),
                     },
                 },
-                "note": (
-                    "neither run preempted: KV pressure shows as prefix-cache evictions "
-                    "(see detail)"
-                    if theirs == 0 and mine == 0
-                    else None
-                ),
             }
         )
+    elif workload == "W6":
+        out.append(_goal("makespan <= 0.70x naive", lgb, c("naive"), "makespan_s", 0.7, ideal))
     elif workload == "W7":
         for name in (LGB, "langgraph-batch-fan-out"):
             entry = c(name)

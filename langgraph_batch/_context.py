@@ -18,7 +18,7 @@ re-acquires it with preference over fresh siblings (`tool_exit`). The
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -65,7 +65,20 @@ class SiblingInfo:
     run_id: str | None = None
     """Unique to one fan_out invocation (a resumed run gets a new one): what coalesced
     tools share within. None: `group` is used."""
+    left: Callable[[], int] | None = None
+    """How many siblings of the run have not finished yet (the run's counter,
+    shared by its siblings). None: unknown (the sibling runs outside a fan_out)."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def siblings_left(self) -> int:
+        """Siblings of this run not finished yet, this one included (0: unknown).
+
+        The scheduler rounds its decode cap up so that what is left of a run
+        runs in equal waves, never in a small last one.
+        """
+        left = self.left
+        return left() if left is not None else 0
 
     @property
     def sibling_id(self) -> str:

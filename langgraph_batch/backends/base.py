@@ -158,6 +158,10 @@ class EngineMetrics:
     prefix_caching: bool | None = None
     cache_hit_rate: float | None = None
     """Prefix-cache hit rate 0..1 (vLLM: hits/queries since start; SGLang: its gauge)."""
+    engines: int | None = None
+    """How many engines the counts are summed over (the replicas of a pool, the
+    data-parallel engines of one vLLM server); None: one. The decode cap is
+    learned per engine."""
 
 
 @dataclass(**_DC_KWARGS)

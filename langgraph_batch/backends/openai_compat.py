@@ -494,6 +494,8 @@ class OpenAICompatibleBackend(Backend):
 
     async def _get(self, url: httpx.URL) -> httpx.Response:
         self._check_open()
+        # The transport gives a GET a free connection like any request, so a
+        # metrics poll never waits behind long-running completions.
         with map_transport_errors(url, read_timeout=self.timeout):
             return await self._client.get(url)
 

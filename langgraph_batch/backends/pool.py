@@ -533,6 +533,7 @@ class EndpointPool(Backend):
             block_size=next((m.block_size for m in got if m.block_size is not None), None),
             prefix_caching=all(caching) if caching else None,
             cache_hit_rate=hit_rate,
+            engines=sum(m.engines or 1 for m in got),
         )
 
     async def health(self) -> bool:

@@ -48,6 +48,7 @@ _SGLANG_METRICS = frozenset(
         "sglang:num_retracted_reqs",
         "sglang:num_retracted_requests_total",
         "sglang:prompt_tokens_total",
+        "sglang:cached_tokens_total",
         "sglang:generation_tokens_total",
     }
 )
@@ -271,6 +272,8 @@ def parse_sglang_metrics(text: str) -> EngineMetrics:
             "sglang:num_retracted_requests_total", "sglang:num_retracted_reqs"
         ),
         prompt_tokens_total=s.sum("sglang:prompt_tokens_total"),
+        # Prompt tokens served from the radix cache, summed over its cache_source labels.
+        prefix_cache_hits_total=s.sum("sglang:cached_tokens_total"),
         generation_tokens_total=s.sum("sglang:generation_tokens_total"),
         kv_capacity_tokens=int(capacity) if capacity else None,
         prefix_caching=True if "sglang:cache_hit_rate" in s else None,

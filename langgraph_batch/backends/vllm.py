@@ -316,6 +316,7 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
         block_size=block_size,
         prefix_caching=prefix_caching,
         cache_hit_rate=(hits / queries) if queries and hits is not None else None,
+        engines=len(seen_engines) or None,
     )
 
 

@@ -145,6 +145,9 @@ def _render_sglang(server: EmulatorServer) -> str:
          "The number of retracted requests.")  # fmt: skip
     _one(lines, "sglang:prompt_tokens_total", "counter", c.prompt_tokens_received, labels,
          "Number of prefill tokens processed.")  # fmt: skip
+    _one(lines, "sglang:cached_tokens_total", "counter", c.cached_tokens,
+         {**labels, "cache_source": "device"},
+         "Number of cached prompt tokens by source.")  # fmt: skip
     _one(lines, "sglang:generation_tokens_total", "counter", c.generation_tokens, labels,
          "Number of generation tokens processed.")  # fmt: skip
     _hist(lines, "sglang:time_to_first_token_seconds", drv.ttft, labels,

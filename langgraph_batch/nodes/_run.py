@@ -85,6 +85,10 @@ class FanOutRun:
             self.done += 1
             self.failed += int(failed)
 
+    def left(self) -> int:
+        """Siblings not finished yet (`SiblingInfo.left`: the scheduler sizes its last waves)."""
+        return max(0, self.total - self.done)
+
     def emit(self, event: str, **fields: Any) -> None:
         fields.setdefault("stats", _scheduler_stats(self.scheduler))
         try:

@@ -427,6 +427,7 @@ def _sibling_setup(
         total=run.total,
         admission=run.admission,
         run_id=run.run_id,
+        left=run.left,
     )
     child = merge_configs(
         config,

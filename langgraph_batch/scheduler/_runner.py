@@ -256,6 +256,7 @@ class Scheduler:
             warm_held=core.held_total,
             warm_held_s=core.held_s,
             malformed_tool_calls=rec.malformed_tool_calls,
+            decode_cap=core.decode_limit,
         )
 
     def __repr__(self) -> str:
@@ -444,6 +445,7 @@ class Scheduler:
                 batchable=request.batchable,
                 payload=request,
                 prefix=prefix,
+                left=sibling.left,
             )
         else:
             item = PolicyItem(

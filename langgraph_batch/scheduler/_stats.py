@@ -81,6 +81,9 @@ class SchedulerStats:
     malformed_tool_calls: int = 0
     """Responses rejected because a tool call was malformed (retried or raised as
     `MalformedToolCallError`)."""
+    decode_cap: int | None = None
+    """Agent requests the decode cap lets decode at once now, learned from the
+    engine's metrics (None: not capping; see `BatchPolicy.decode_cap`)."""
 
 
 class StatsRecorder:

@@ -172,6 +172,41 @@ async def test_shards_are_created_on_demand_only() -> None:
         assert probe.made[0].max_connections == SHARD_CONNECTIONS
 
 
+async def test_a_get_does_not_wait_behind_completions_on_a_full_shard() -> None:
+    """`models()`/`metrics()` get a free connection like any request.
+
+    A metrics poll that queued behind long completions (seconds on a busy
+    server) made the scheduler adapt on stale load figures.
+    """
+    gate = Gate()
+    probe = Probe(gate)
+    gets: list[int] = []
+    make = probe.__call__
+
+    def factory(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+        index = len(probe.made)
+        chat = make(limits)
+
+        async def handler(request: httpx.Request) -> httpx.Response:
+            if request.method == "GET":
+                gets.append(index)
+                return httpx.Response(200, json={"data": [{"id": "m"}]})
+            return await chat.handle_async_request(request)
+
+        return httpx.MockTransport(handler)
+
+    backend = ProbedBackend(probe)
+    backend.transport._factory = factory
+    async with backend, anyio.create_task_group() as tg:
+        for i in range(SHARD_CONNECTIONS):
+            tg.start_soon(backend.chat, req(f"r{i}"))
+        await wait_until(lambda: gate.waiting == SHARD_CONNECTIONS)
+        with anyio.fail_after(2):
+            assert [m.id for m in await backend.models()] == ["m"]
+        assert gets == [1]  # a second shard: the first one's connections are all busy
+        gate.open.set()
+
+
 async def test_a_stream_keeps_its_slot_until_it_is_closed() -> None:
     gate = Gate()
     probe = Probe(gate)

@@ -568,3 +568,42 @@ async def test_random_cancellations_never_leak_slots() -> None:
     assert st.completed + n_cancelled == 200
     assert st.cancelled == n_cancelled
     assert backend.max_running <= 8
+
+
+async def test_decode_cap_holds_agent_requests_once_the_engine_counts_tokens() -> None:
+    backend = MetricsBackend(
+        EngineMetrics(num_requests_waiting=0, num_preemptions_total=0, generation_tokens_total=0)
+    )
+    s = Scheduler(backend, policy=BatchPolicy(max_inflight=64))
+    assert s.stats().decode_cap == 16  # provisional until the engine's first sample
+    async with s:
+        await wait_for(lambda: backend.polls >= 1, s)
+        assert s.stats().decode_cap == 16
+        tasks = [asyncio.create_task(s.submit(request(f"r{i}"))) for i in range(16)]
+        await backend.wait_running(16)
+        # A one-shot request is not held by the cap; agent requests are.
+        tasks.append(asyncio.create_task(s.submit(request("x", batchable=True))))
+        await backend.wait_running(17)
+        tasks += [asyncio.create_task(s.submit(request(f"q{i}"))) for i in range(8)]
+        await wait_for(lambda: s.stats().queued == 8, s)
+        assert backend.running == 17
+        backend.gate.set()
+        await asyncio.gather(*tasks)
+    assert backend.max_running == 17
+
+
+async def test_decode_cap_rounds_up_for_what_a_fan_out_run_has_left() -> None:
+    backend = MetricsBackend(
+        EngineMetrics(num_requests_waiting=0, num_preemptions_total=0, generation_tokens_total=0)
+    )
+    async with Scheduler(backend, policy=BatchPolicy(max_inflight=64)) as s:
+        await wait_for(lambda: backend.polls >= 1, s)
+        siblings = [SiblingInfo(group="g", index=i, total=20, left=lambda: 20) for i in range(20)]
+        tasks = [
+            asyncio.create_task(s.submit(request(f"r{i}"), sibling=sib))
+            for i, sib in enumerate(siblings)
+        ]
+        await backend.wait_running(20)  # 20 left: one wave, not 16 and then 4
+        backend.gate.set()
+        await asyncio.gather(*tasks)
+    assert backend.max_running == 20
