@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test lint type format unit integration standard bench emulate clean redis-server
+.PHONY: demo test lint type format unit integration standard chaos bench emulate clean redis-server
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-## The main job: a fan-out against the built-in emulator (or BACKEND_URL=http://host:port).
+## The main job: a fan-out against the built-in emulator (or BACKEND_URL=vllm://host:port; key in LGB_API_KEY).
 demo: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
 
@@ -43,6 +43,10 @@ standard: $(VENV)/.installed
 
 integration: $(VENV)/.installed redis-server
 	$(PY) -m pytest tests/integration -q
+
+## The chaos suite alone (also part of `make test`): prints its figures.
+chaos: $(VENV)/.installed
+	$(PY) -m pytest tests/chaos -q -m chaos
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check langgraph_batch tests benchmarks examples

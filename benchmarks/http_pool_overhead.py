@@ -4,7 +4,10 @@ K workers each send requests back to back through one backend, so K requests
 are on the wire at any moment, against the emulator (profile `zero`, its own
 process) so that only the client's CPU is measured (`time.process_time`).
 httpcore's pool does O(requests x connections) bookkeeping on every request
-event; a client whose cost per request grows with K shows it.
+event; a client whose cost per request grows with K shows it. Requests go
+through the backend's `ShardedTransport` (pools of `SHARD_CONNECTIONS`);
+`conns` is the number of idle keep-alive connections it holds afterwards
+(connections were reused, streams included).
 
 Usage:
     python -m benchmarks.http_pool_overhead [--ks 32,128,256,512] [--requests 3000]
@@ -25,8 +28,8 @@ from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
 
 async def _measure(
     url: str, model: str, k: int, total: int, *, stream: bool
-) -> tuple[float, float]:
-    """(client CPU µs per request, wall seconds) for `total` requests, `k` in flight."""
+) -> tuple[float, float, int]:
+    """(client CPU µs per request, wall seconds, idle connections) for `total` requests."""
     backend = OpenAICompatibleBackend(url, timeout=120.0)
     request = ChatRequest(
         model=model,
@@ -47,9 +50,10 @@ async def _measure(
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(k)))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        conns = backend.transport.state().connections_idle
     finally:
         await backend.aclose()
-    return cpu / (per_worker * k) * 1e6, wall
+    return cpu / (per_worker * k) * 1e6, wall, conns
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,14 +68,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=0, profile="zero", scenario="echo", output_tokens=8, max_num_seqs=4096
     )
     with EmulatorProcess(config) as emu:
-        print(f"{'mode':<7}{'K':>6}{'requests':>10}{'cpu_us/req':>12}{'wall_s':>8}")
+        print(f"{'mode':<7}{'K':>6}{'requests':>10}{'cpu_us/req':>12}{'wall_s':>8}{'conns':>7}")
         for mode in args.modes.split(","):
             for k in ks:
                 total = max(args.requests, 2 * k)
-                us, wall = asyncio.run(
+                us, wall, conns = asyncio.run(
                     _measure(emu.url, config.model, k, total, stream=mode == "stream")
                 )
-                print(f"{mode:<7}{k:>6}{total // k * k:>10}{us:>12.0f}{wall:>8.2f}", flush=True)
+                print(
+                    f"{mode:<7}{k:>6}{total // k * k:>10}{us:>12.0f}{wall:>8.2f}{conns:>7}",
+                    flush=True,
+                )
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Server-side figures come from the emulator (`GET /emulator/stats`, reset with
 `POST /emulator/reset` before every contender so prefix caches never leak from
-one contender to the next) and from the tool service (`GET /stats`).
+one contender to the next), or, on a live server, from its `/metrics` read
+before and after (`combine_live`), and from the tool service (`GET /stats`).
 """
 
 from __future__ import annotations
@@ -113,33 +114,68 @@ def combine(
     scale = time_scale
     emu = subtract_baseline(emu, client.get("baseline_emulator") or {})
     tools = tool_delta(tools, client.get("baseline_tools") or {})
-    done = [c * scale for c in client.get("completions_s") or [] if c is not None]
     prompt = _int(emu, "prompt_tokens_received", "prompt_tokens")
     cached = _int(emu, "cached_tokens", "prefix_cache_hits")
+    server = {
+        "llm_requests": _int(emu, "requests", "requests_received"),
+        "prompt_tokens": prompt,
+        "prefill_tokens_computed": _int(emu, "prefill_tokens_computed"),
+        "cached_tokens": cached,
+        "cache_hit_rate": (cached / prompt) if prompt and cached is not None else None,
+        "preemptions": _int(emu, "preemptions"),
+        "generation_tokens": _int(emu, "generation_tokens"),
+        "evictions": _int(emu, "evictions"),
+        "server_lag_s": emu.get("max_lag_s", emu.get("lag_s")),
+        "server_late_steps": emu.get("late_steps"),
+        "engine_busy_s": emu.get("busy_time_s"),
+    }
+    return _entry(client, server, tools, scale)
+
+
+def combine_live(
+    client: Mapping[str, Any], delta: Mapping[str, float], tools: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One contender's entry from a live server's `/metrics` delta (times: wall seconds)."""
+    from benchmarks.live import server_figures
+
+    tools = tool_delta(tools, client.get("baseline_tools") or {})
+    server = server_figures(delta) | {
+        "evictions": None,
+        "server_lag_s": None,
+        "server_late_steps": None,
+        "engine_busy_s": None,
+    }
+    return _entry(client, server, tools, 1.0)
+
+
+def _entry(
+    client: Mapping[str, Any], server: Mapping[str, Any], tools: Mapping[str, Any], scale: float
+) -> dict[str, Any]:
+    done = [c * scale for c in client.get("completions_s") or [] if c is not None]
     return {
         "makespan_s": client["makespan_s"] * scale,
         "latency_p50_s": percentile(done, 0.50),
         "latency_p95_s": percentile(done, 0.95),
         "latency_p99_s": percentile(done, 0.99),
         "first_result_s": min(done) if done else None,
-        "llm_requests": _int(emu, "requests", "requests_received"),
+        "llm_requests": server["llm_requests"],
         "tool_calls_requested": client.get("tool_calls_requested"),
         "tool_calls_executed": _int(tools, "executions"),
         "tool_distinct_keys": _int(tools, "distinct_keys"),
-        "prompt_tokens": prompt,
-        "prefill_tokens_computed": _int(emu, "prefill_tokens_computed"),
-        "cached_tokens": cached,
-        "cache_hit_rate": (cached / prompt) if prompt and cached is not None else None,
-        "preemptions": _int(emu, "preemptions"),
+        "prompt_tokens": server["prompt_tokens"],
+        "prefill_tokens_computed": server["prefill_tokens_computed"],
+        "cached_tokens": server["cached_tokens"],
+        "cache_hit_rate": server["cache_hit_rate"],
+        "preemptions": server["preemptions"],
         "client_cpu_s": client.get("client_cpu_s"),
         "peak_rss_mb": client.get("peak_rss_mb"),
         "failures": client.get("failures"),
         "wall_makespan_s": client["makespan_s"],
-        "generation_tokens": _int(emu, "generation_tokens"),
-        "evictions": _int(emu, "evictions"),
-        "server_lag_s": emu.get("max_lag_s", emu.get("lag_s")),
-        "server_late_steps": emu.get("late_steps"),
-        "engine_busy_s": emu.get("busy_time_s"),
+        "generation_tokens": server["generation_tokens"],
+        "evictions": server["evictions"],
+        "server_lag_s": server["server_lag_s"],
+        "server_late_steps": server["server_late_steps"],
+        "engine_busy_s": server["engine_busy_s"],
         "warmup_error": client.get("warmup_error"),
         "tool_peak_waiting": tools.get("peak_waiting"),
         "errors": client.get("errors") or [],

@@ -1,7 +1,9 @@
 """Write a workload's results: JSON (all raw numbers), a Markdown table and a PNG chart.
 
-The goals of WORKLOADS.md / issue 4 are evaluated here from the JSON numbers
-only, and every goal is reported with its measured ratio, met or not.
+The goals (issue 9's for W1, W3 and W6, on the recalibrated emulator; the
+earlier ones for W5 and W7) are evaluated here from the JSON numbers only, and
+every goal is reported with its measured ratio, met or not, beside what the
+`ideal` bound itself achieves where that caps what any client can reach.
 """
 
 from __future__ import annotations
@@ -106,6 +108,22 @@ def _goal(
     return out
 
 
+def _tail_goal(lgb: Mapping[str, Any] | None) -> dict[str, Any]:
+    """No straggler tail: the last 5% of siblings finish within 5% of the makespan.
+
+    On the real vLLM the 4 siblings admitted last decoded alone for the last
+    2 s of 18 (issue 9): makespan - p95 was 11% of the makespan.
+    """
+    makespan, p95 = _num(lgb, "makespan_s"), _num(lgb, "latency_p95_s")
+    measured = None if makespan is None or p95 is None or makespan <= 0 else 1 - p95 / makespan
+    return {
+        "goal": "no straggler tail: makespan - p95 sibling latency <= 5% of makespan",
+        "measured": measured,
+        "limit": 0.05,
+        "met": None if measured is None else measured <= 0.05,
+    }
+
+
 def goals(
     workload: str, contenders: Mapping[str, Mapping[str, Any]], n: int
 ) -> list[dict[str, Any]]:
@@ -118,18 +136,20 @@ def goals(
     ideal = c("ideal")
     out: list[dict[str, Any]] = []
     if workload == "W1":
+        out.append(_goal("makespan <= 0.75x naive", lgb, c("naive"), "makespan_s", 0.75, ideal))
         out.append(
             _goal(
-                "makespan <= 0.5x naive-bounded", lgb, c("naive-bounded"), "makespan_s", 0.5, ideal
+                "makespan <= 0.70x naive-bounded", lgb, c("naive-bounded"), "makespan_s", 0.7, ideal
             )
         )
         out.append(
-            _goal("makespan <= 0.8x batchagent", lgb, c("batchagent"), "makespan_s", 0.8, ideal)
+            _goal("makespan <= 0.75x batchagent", lgb, c("batchagent"), "makespan_s", 0.75, ideal)
         )
-        out.append(_goal("makespan <= 1.0x naive", lgb, c("naive"), "makespan_s", 1.0, ideal))
+        out.append(_goal("makespan <= 1.10x ideal", lgb, c("ideal"), "makespan_s", 1.1))
         out.append(
-            _goal("p95 sibling latency <= 0.6x naive", lgb, c("naive"), "latency_p95_s", 0.6)
+            _goal("p50 sibling latency <= 0.7x naive's", lgb, c("naive"), "latency_p50_s", 0.7)
         )
+        out.append(_tail_goal(lgb))
         executed = _num(lgb, "tool_calls_executed")
         distinct = _num(lgb, "tool_distinct_keys")
         out.append(
@@ -141,26 +161,24 @@ def goals(
                 "detail": {"executed": executed, "distinct_keys": distinct},
             }
         )
-        out.append(_goal("makespan <= 1.25x ideal", lgb, c("ideal"), "makespan_s", 1.25))
     elif workload == "W3":
-        out.append(_goal("makespan <= 0.75x naive", lgb, c("naive"), "makespan_s", 0.75, ideal))
+        out.append(_goal("makespan <= 1.15x ideal", lgb, c("ideal"), "makespan_s", 1.15))
         out.append(
             _goal(
-                "prefill tokens computed <= 0.6x naive's",
+                "prefill tokens computed <= 0.5x naive's",
                 lgb,
                 c("naive"),
                 "prefill_tokens_computed",
-                0.6,
+                0.5,
             )
         )
         mine, theirs = _num(lgb, "preemptions"), _num(c("naive"), "preemptions")
-        measured = _ratio(mine, theirs)
         out.append(
             {
-                "goal": "preemptions <= 10% of naive's",
-                "measured": measured,
-                "limit": 0.1,
-                "met": None if mine is None or theirs is None else mine <= 0.1 * theirs,
+                "goal": "0 preemptions",
+                "measured": mine,
+                "limit": 0.0,
+                "met": None if mine is None else mine == 0,
                 "detail": {
                     "langgraph-batch": mine,
                     "naive": theirs,
@@ -169,14 +187,23 @@ def goals(
                         "naive": _num(c("naive"), "evictions"),
                     },
                 },
-                "note": (
-                    "neither run preempted: KV pressure shows as prefix-cache evictions "
-                    "(see detail)"
-                    if theirs == 0 and mine == 0
-                    else None
-                ),
             }
         )
+    elif workload == "W6":
+        out.append(_goal("makespan <= 0.70x naive", lgb, c("naive"), "makespan_s", 0.7, ideal))
+    elif workload == "W7":
+        for name in (LGB, "langgraph-batch-fan-out"):
+            entry = c(name)
+            measured = _ratio(_num(ideal, "makespan_s"), _num(entry, "makespan_s"))
+            out.append(
+                {
+                    "goal": f"{name}: throughput >= 90% of the ideal bound",
+                    "measured": measured,
+                    "limit": 0.9,
+                    "met": None if measured is None else measured >= 0.9,
+                    "note": "measured = ideal makespan / contender makespan (higher is better)",
+                }
+            )
     elif workload == "W5":
         out.append(
             _goal(
@@ -206,16 +233,68 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def server_line(params: Mapping[str, Any]) -> str:
+    """Which server produced the numbers, in one sentence."""
+    server = params.get("server") or {}
+    if not server.get("live"):
+        return (
+            f"N={params.get('n')}, time scale {params.get('time_scale')}, seed "
+            f"{params.get('seed')}, emulated profile `{params.get('profile')}` "
+            "(EMULATED server, not a GPU)."
+        )
+    what = (
+        f"the langgraph-batch emulator ({server.get('emulator_evidence')})"
+        if server.get("emulator")
+        else "a live server (it does not identify as the emulator)"
+    )
+    return (
+        f"N={params.get('n')}, seed {params.get('seed')}, server `{server.get('url')}` "
+        f"(version {server.get('version')}, model `{server.get('model')}`): {what}. Shapes "
+        f"forced; prompts sized by {server.get('prompt_sizing')}; times in wall seconds."
+    )
+
+
+def breakdown_markdown(contenders: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The mean sibling's time by phase, per contender (see `benchmarks.timeline`)."""
+    rows = [(n, e["breakdown"]) for n, e in contenders.items() if e.get("breakdown")]
+    if not rows:
+        return []
+    header = (
+        "| contender | latency | not started | client queue | server queue | prefill | "
+        "decode | tool | other |"
+    )
+    lines = [
+        "Where the mean sibling's time went (s; server phases from /metrics):",
+        "",
+        header,
+        header_sep(header),
+    ]
+    for name, b in rows:
+        cells = [
+            b.get(k)
+            for k in (
+                "latency",
+                "not_started",
+                "client_queue",
+                "server_queue",
+                "prefill",
+                "decode",
+                "tool",
+                "other",
+            )
+        ]
+        lines.append("| " + " | ".join([name, *(_fmt(v) for v in cells)]) + " |")
+    lines.append("")
+    return lines
+
+
 def markdown(result: Mapping[str, Any]) -> str:
     """A Markdown report of one workload's result dict."""
     wl = result["workload"]
     params = result["params"]
     contenders: Mapping[str, Mapping[str, Any]] = result["contenders"]
     lines = [f"### {wl}: {params.get('description', '')}", ""]
-    lines.append(
-        f"N={params.get('n')}, time scale {params.get('time_scale')}, seed {params.get('seed')}, "
-        f"emulated profile `{params.get('profile')}` (EMULATED server, not a GPU)."
-    )
+    lines.append(server_line(params))
     lines.append("")
     header = (
         "| contender | makespan s | x lgb | p50 s | p95 s | p99 s | first s | LLM req | "
@@ -267,6 +346,14 @@ def markdown(result: Mapping[str, Any]) -> str:
                 f"({PREFILL_WORKLOADS[wl]}): " + ", ".join(parts) + "."
             )
             lines.append("")
+    lines += breakdown_markdown(contenders)
+    nobatch = _num(contenders.get("langgraph-batch-nobatch"), "makespan_s")
+    if nobatch is not None and _num(lgb, "makespan_s"):
+        lines.append(
+            "HTTP batching (diagnostic): langgraph-batch with the scheduler's batching off "
+            f"took {_fmt(_ratio(nobatch, _num(lgb, 'makespan_s')))}x as long."
+        )
+        lines.append("")
     goal_list = result.get("goals") or []
     if goal_list:
         lines.append("Goals (langgraph-batch):")
@@ -309,6 +396,10 @@ def chart(result: Mapping[str, Any], path: Path) -> None:
         "naive": "#e76f51",
         "naive-bounded": "#f4a261",
         "batchagent": "#8d99ae",
+        "langgraph-batch-fan-out": "#3fb8a9",
+        "langgraph-batch-nobatch": "#9bd3cb",
+        "abatch": "#e76f51",
+        "abatch-bounded": "#f4a261",
     }
     for ax, key, title in (
         (axes[0], "makespan_s", "makespan (s, lower is better)"),
@@ -331,14 +422,42 @@ def chart(result: Mapping[str, Any], path: Path) -> None:
         ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
     params = result["params"]
-    fig.suptitle(
-        f"{result['workload']} (N={params.get('n')}, emulated {params.get('profile')}, "
-        f"time scale {params.get('time_scale')})",
-        fontsize=11,
+    server = params.get("server") or {}
+    where = (
+        f"{server.get('url')}, model {server.get('model')}"
+        if server.get("live")
+        else f"emulated {params.get('profile')}, time scale {params.get('time_scale')}"
     )
+    fig.suptitle(f"{result['workload']} (N={params.get('n')}, {where})", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _is_flat(value: Any) -> bool:
+    return isinstance(value, list) and all(not isinstance(v, dict | list) for v in value)
+
+
+def dumps(obj: Any, indent: int = 0) -> str:
+    """JSON like `json.dumps(obj, indent=2)`, but a list of scalars stays on one line
+    and a list of such lists gets one line per item (timelines, request rows)."""
+    pad, inner = "  " * indent, "  " * (indent + 1)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = [f"{inner}{json.dumps(str(k))}: {dumps(v, indent + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if _is_flat(obj):
+        return json.dumps(obj, separators=(",", ":"), default=str)
+    if isinstance(obj, list):
+        if not obj:
+            return "[]"
+        if all(_is_flat(v) for v in obj):
+            rows = [inner + json.dumps(v, separators=(",", ":"), default=str) for v in obj]
+        else:
+            rows = [inner + dumps(v, indent + 1) for v in obj]
+        return "[\n" + ",\n".join(rows) + f"\n{pad}]"
+    return json.dumps(obj, default=str)
 
 
 def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
@@ -350,7 +469,7 @@ def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "md": out_dir / f"{wl}.md",
         "png": out_dir / f"{wl}.png",
     }
-    paths["json"].write_text(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
+    paths["json"].write_text(dumps(result) + "\n")
     paths["md"].write_text(markdown(result))
     chart(result, paths["png"])
     return paths
@@ -358,7 +477,13 @@ def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
 
 def summary_markdown(results: Sequence[Mapping[str, Any]], command: str, date: str) -> str:
     """The combined table for README: one section per workload plus the goals."""
-    parts = [f"Measured {date} with `{command}` on the emulated server (not a GPU).", ""]
+    live = [r for r in results if (r["params"].get("server") or {}).get("live")]
+    where = (
+        f"against {live[0]['params']['server'].get('url')}"
+        if live
+        else "on the emulated server (not a GPU)"
+    )
+    parts = [f"Measured {date} with `{command}` {where}.", ""]
     parts += [markdown(r) for r in results]
     return "\n".join(parts)
 

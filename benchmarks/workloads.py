@@ -125,6 +125,14 @@ class Workload:
         "langgraph-batch",
         "ideal",
     )
+    system_head: str = (
+        "You are a careful research agent. Use the web_search tool to look up the "
+        "key named in the task, then answer with a JSON object that matches the schema. "
+        "Background notes follow."
+    )
+    """The start of the shared system prompt (filler words make up the rest)."""
+    task_head: str = "Task {index}: investigate the topic key={key} and report. Context:"
+    """The start of each sibling's task (`{index}`, `{key}`)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def key(self, index: int) -> str:
@@ -176,6 +184,7 @@ WORKLOADS: dict[str, Workload] = {
         distinct_keys=None,
         tool_concurrency=64,
         tool_result_words=500,
+        kv_tokens=440_000,
         time_scale=10.0,
         # batchagent is left out by default to keep `make bench` under 15 minutes
         # on 2 cores; run it with --contenders naive,batchagent,...
@@ -225,6 +234,41 @@ WORKLOADS: dict[str, Workload] = {
     ),
 }
 
+WORKLOADS["W7"] = Workload(
+    id="W7",
+    description=(
+        "Extract from 1,000 documents: N=1000 tool-free single-turn prompts, 1k-token shared "
+        "instruction, 1,500-token unique document, 150-token JSON answer"
+    ),
+    n=1000,
+    turns=1,
+    system_tokens=1000,
+    task_tokens=1500,
+    final_tokens=150,
+    tools=False,
+    structured=False,
+    distinct_keys=None,
+    time_scale=2.0,
+    system_head=(
+        "You extract facts from documents. Read the document and answer with one JSON object "
+        'with the fields "title", "date", "parties", "amounts" and "summary", nothing else. '
+        "Guidelines follow."
+    ),
+    task_head="Document {index} (id key={key}):",
+    contenders=(
+        "abatch-bounded",
+        "abatch",
+        "langgraph-batch",
+        "langgraph-batch-fan-out",
+        "langgraph-batch-nobatch",
+        "ideal",
+    ),
+)
+
+SINGLE_TURN = frozenset({"W7"})
+"""Workloads of one tool-free model call per item: answers are forced to
+`final_tokens` (`max_tokens` + `ignore_eos`) on every server."""
+
 TOOL_SPECS: tuple[dict[str, str], ...] = (
     {
         "name": "web_search",
@@ -259,22 +303,29 @@ def response_schema(wl: Workload) -> dict[str, Any] | None:
     }
 
 
+def system_rng(seed: int) -> random.Random:
+    """The filler words of the shared system prompt."""
+    return random.Random(f"system:{seed}")
+
+
+def task_rng(seed: int, index: int) -> random.Random:
+    """The filler words of sibling `index`'s task."""
+    return random.Random(f"task:{seed}:{index}")
+
+
+def task_head(wl: Workload, index: int) -> str:
+    """The start of sibling `index`'s task, with its `key=` marker."""
+    return wl.task_head.format(index=index, key=wl.key(index))
+
+
 def system_prompt(wl: Workload, seed: int) -> str:
-    """The shared system prompt, `wl.system_tokens` tokens long."""
-    rng = random.Random(f"system:{seed}")
-    head = (
-        "You are a careful research agent. Use the web_search tool to look up the "
-        "key named in the task, then answer with a JSON object that matches the schema. "
-        "Background notes follow."
-    )
-    return sized(head, wl.system_tokens, rng)
+    """The shared system prompt, `wl.system_tokens` emulator tokens long."""
+    return sized(wl.system_head, wl.system_tokens, system_rng(seed))
 
 
 def task_text(wl: Workload, index: int, seed: int) -> str:
     """Sibling `index`'s unique task (carries its `key=` marker), `wl.task_tokens` long."""
-    rng = random.Random(f"task:{seed}:{index}")
-    head = f"Task {index}: investigate the topic key={wl.key(index)} and report. Context:"
-    return sized(head, wl.task_tokens, rng)
+    return sized(task_head(wl, index), wl.task_tokens, task_rng(seed, index))
 
 
 def emulator_settings(wl: Workload) -> dict[str, Any]:
@@ -296,29 +347,42 @@ def make_job(
     tool_url: str,
     model: str,
     contender: str,
+    prompts: tuple[str, list[str]] | None = None,
+    live: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON job a contender process runs.
 
     `llm_url` is one server or a list of replicas (W4): `llm_urls` holds them
-    all, `llm_url` the first (where single-server code looks).
+    all, `llm_url` the first (where single-server code looks). `prompts`:
+    (system prompt, tasks) sized for a live server (default: the emulator's
+    tokens). `live` (a live server, `--server`): forces the shapes (a named
+    tool choice over an enum of the keys, answers of exactly `final_tokens`)
+    and names the server's flavour and URL for the library.
     """
     urls = [llm_url] if isinstance(llm_url, str) else list(llm_url)
+    system, tasks = prompts or (system_prompt(wl, seed), [task_text(wl, i, seed) for i in range(n)])
+    forced = live is not None or wl.id in SINGLE_TURN
     return {
         "workload": wl.id,
         "contender": contender,
         "llm_url": urls[0],
         "llm_urls": urls,
-        "flavor": wl.flavor,
+        "flavor": (live or {}).get("flavor") or wl.flavor,
+        "lgb_url": (live or {}).get("lgb_url"),
+        "server": {"live": live is not None},
         "routing": "round_robin" if contender.endswith("-rr") else None,
         "tool_url": tool_url,
         "model": model,
-        "system_prompt": system_prompt(wl, seed),
-        "tasks": [task_text(wl, i, seed) for i in range(n)],
+        "system_prompt": system,
+        "tasks": tasks,
         "turns": wl.turns,
         "max_tokens": max(256, wl.final_tokens + 56),
         "emulator_options": {},
         "tools": list(TOOL_SPECS) if wl.tools else [],
-        "response_schema": response_schema(wl),
+        "response_schema": None if live is not None else response_schema(wl),
+        "forced_shapes": forced,
+        "tool_keys": sorted({wl.key(i) for i in range(n)}) if wl.tools else [],
+        "answer_tokens": wl.final_tokens,
         "max_concurrency": 32 if contender == "naive-bounded" else None,
         "max_inflight": 32,
     }

@@ -16,6 +16,12 @@ happens at import, in LangGraph's import thread, never inside the event loop).
 
 Nothing here creates asyncio objects at import: `langgraph dev` imports graph
 modules in a thread with no running loop.
+
+The example graphs declare their state with `typing_extensions.TypedDict`, not
+`typing.TypedDict`: on Python < 3.12 pydantic refuses to build a model from
+`typing.TypedDict` ("Please use `typing_extensions.TypedDict`"), LangGraph's
+`get_input_jsonschema()` raises, and the LangGraph server (Studio) then shows
+the graph with no input or output schema.
 """
 
 from __future__ import annotations

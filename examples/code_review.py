@@ -32,7 +32,7 @@ import operator
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal
 
 from langchain.agents import create_agent
 from langchain.agents.structured_output import ProviderStrategy
@@ -41,6 +41,7 @@ from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from pydantic import BaseModel, Field
+from typing_extensions import TypedDict  # not typing's: see _common.py
 
 if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

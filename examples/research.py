@@ -22,7 +22,7 @@ import asyncio
 import hashlib
 import sys
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
@@ -30,6 +30,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import tools_condition
+from typing_extensions import TypedDict  # not typing's: see _common.py
 
 if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

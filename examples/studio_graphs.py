@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from typing_extensions import TypedDict  # not typing's: see _common.py
 
 if __package__ in (None, ""):  # run as a script: make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

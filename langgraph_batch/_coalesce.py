@@ -1,21 +1,27 @@
 """Single-flight coalescing, result reuse and per-key-space limits, independent of LangGraph.
 
 `Coalescer.run(key, fn, scope=...)` runs `fn` once for every group of callers
-that ask for the same `key` at the same time (single flight). With a `scope`
-the successful result is also kept for later callers of the same scope (one
-fan_out run); with a `ttl` it is kept process-wide for that many seconds.
-Executions are capped by an optional semaphore (`max_concurrency`) and an
-optional rate limiter (`rate_limit`, calls per second), both asynchronous.
+that ask for the same `key` in the same `scope` at the same time (single
+flight). A scope is a partition: calls of two scopes never share an
+execution or a result (`langgraph_batch.tools` uses one scope per fan_out run
+or LangGraph root run, so nothing crosses runs, threads or users). With
+`keep=True` the successful result is also kept for later callers of the same
+scope, for at most `ttl` seconds when a `ttl` is set. Executions are capped
+by an optional semaphore (`max_concurrency`) and an optional rate limiter
+(`rate_limit`, calls per second), both asynchronous and shared by all scopes
+(they protect the tool's backend, not a caller).
 
 Cancellation: the execution runs in its own task and every caller awaits it
 through `asyncio.shield`, so a cancelled caller (the one that started it
 included) never fails the others; when the last caller is cancelled, the
 execution is cancelled too.
 
-Across processes: `set_flight_store(store)` makes every scoped execution
-go through `store.run(...)` (the distributed worker installs a Redis
-single-flight there, so identical calls of one run execute once across
-workers); the in-process single flight still happens first.
+Across processes: `set_flight_store(store)` makes every execution whose
+result is kept (`keep=True`) go through `store.run(...)` (the distributed
+worker installs a Redis single flight there, so identical calls of one run
+execute once across its workers; the store shares only within the run, even
+for a `"global"` scope); the in-process single flight still happens first.
+Calls that keep nothing (in-flight sharing only) never leave the process.
 
 `langgraph_batch.tools` builds the ToolNode and `create_agent` hooks on this.
 """
@@ -31,7 +37,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ("Coalescer", "FlightStore", "RateLimiter", "set_flight_store")
+__all__ = ("ANY_SCOPE", "Coalescer", "FlightStore", "RateLimiter", "set_flight_store")
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +48,12 @@ Sleep = Callable[[float], Awaitable[Any]]
 
 _MISS: Any = object()
 
+ANY_SCOPE: Any = object()
+"""`Coalescer.waiting(key, scope=ANY_SCOPE)`: count the callers of every scope."""
+
 
 class FlightStore(Protocol):
-    """Shares one execution of a scoped call beyond this process (see `set_flight_store`)."""
+    """Shares one execution of a kept call beyond this process (see `set_flight_store`)."""
 
     async def run(
         self,
@@ -52,10 +61,13 @@ class FlightStore(Protocol):
         key: Hashable,
         fn: Callable[[], Awaitable[Any]],
         storable: Callable[[Any], bool],
+        *,
+        ttl: float | None = None,
     ) -> Any:
         """Return another process's result for `(scope, key)`, or run `fn` and share it.
 
-        Only results for which `storable(result)` is true may be shared.
+        Only results for which `storable(result)` is true may be shared, for
+        at most `ttl` seconds when it is set.
         """
         ...
 
@@ -64,7 +76,7 @@ _flight_store: FlightStore | None = None
 
 
 def set_flight_store(store: FlightStore | None) -> FlightStore | None:
-    """Route every scoped execution of every `Coalescer` through `store` (None: stop).
+    """Route every kept execution of every `Coalescer` through `store` (None: stop).
 
     Returns:
         The store installed before.
@@ -138,10 +150,21 @@ class RateLimiter:
         return max(0.0, wait)
 
     async def acquire(self) -> None:
-        """Wait until this caller may start."""
+        """Wait until this caller may start.
+
+        A caller cancelled while it waits gives its start back when no later
+        caller has reserved one since (a start cannot be given back from the
+        middle of the queue without moving everyone behind it).
+        """
         wait = self.reserve()
         if wait > 0:
-            await self._sleep(wait)
+            reserved = self._tat
+            try:
+                await self._sleep(wait)
+            except asyncio.CancelledError:
+                if self._tat == reserved and reserved is not None:
+                    self._tat = reserved - self._interval
+                raise
 
 
 @dataclass(eq=False)
@@ -160,14 +183,16 @@ class _LoopState:
 class Coalescer(Generic[T]):
     """Share one execution among identical concurrent (and, optionally, later) calls.
 
-    Each call names a hashable `key`; calls with equal keys (and equal
-    `scope`) that overlap in time share one execution of the first caller's
-    `fn`. A caller that arrives after a successful execution of its scope, or
-    within `ttl` seconds of any successful execution, gets the stored result.
-    Errors and unshareable results are never stored.
+    Each call names a hashable `key` and a `scope`; calls with equal keys in
+    the same scope that overlap in time share one execution of the first
+    caller's `fn`. With `keep=True`, a caller that arrives after a successful
+    execution of its scope gets the stored result (within `ttl` seconds of
+    it, when a `ttl` is set). Errors and unshareable results are never stored,
+    and nothing is ever shared between two scopes.
 
     In-flight executions, the semaphore and the rate limiter belong to the
-    running event loop (one set per loop); stored results are process-wide.
+    running event loop (one set per loop); stored results are kept per scope,
+    for the `max_scopes` most recently used scopes.
 
     Example:
         ```python
@@ -176,12 +201,16 @@ class Coalescer(Generic[T]):
         async def fetch() -> str:
             return await http_get("https://example.com/weather?city=Paris")
 
-        # 50 siblings asking at once -> one fetch, 50 identical answers
+        # 50 siblings of one run asking at once -> one fetch, 50 identical answers
         results = await asyncio.gather(
-            *(coalescer.run(("weather", "Paris"), fetch, scope="run-1") for _ in range(50))
+            *(coalescer.run(("weather", "Paris"), fetch, scope="run-1", keep=True)
+              for _ in range(50))
         )
         ```
     """
+
+    MISS: Any = _MISS
+    """Returned by `lookup` when nothing is stored."""
 
     def __init__(
         self,
@@ -197,8 +226,8 @@ class Coalescer(Generic[T]):
         """Create a coalescer.
 
         Args:
-            ttl: Keep successful results process-wide for this many seconds
-                (`> 0`); None keeps nothing across scopes.
+            ttl: Reuse a kept result for at most this many seconds (`> 0`);
+                None: as long as its scope is kept.
             max_concurrency: At most this many executions at once (`>= 1`).
             rate_limit: At most this many execution starts per second (`> 0`).
             share_errors: When the shared execution fails, give its error to
@@ -227,51 +256,46 @@ class Coalescer(Generic[T]):
         self.max_scopes = max_scopes
         self._clock = clock
         self._sleep = sleep
-        self._scopes: OrderedDict[Hashable, dict[Hashable, T]] = OrderedDict()
-        self._ttl_cache: dict[Hashable, tuple[float, T]] = {}
-        self._ttl_inserts = 0
+        # scope -> key -> (expiry or None, value)
+        self._scopes: OrderedDict[Hashable, dict[Hashable, tuple[float | None, T]]] = OrderedDict()
+        self._inserts = 0
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
         )
 
     # -- stored results -------------------------------------------------------------
 
-    def lookup(self, key: Hashable, *, scope: Hashable | None = None) -> Any:
-        """A stored result for `key` (scope first, then TTL cache), or the `MISS` sentinel."""
-        if scope is not None:
-            stored = self._scopes.get(scope)
-            if stored is not None and key in stored:
-                self._scopes.move_to_end(scope)
-                return stored[key]
-        if self.ttl is not None:
-            entry = self._ttl_cache.get(key)
-            if entry is not None:
-                expires, value = entry
-                if self._clock() < expires:
-                    return value
-                self._ttl_cache.pop(key, None)
-        return _MISS
+    def lookup(self, key: Hashable, *, scope: Hashable = None) -> Any:
+        """The result kept for `key` in `scope` (unexpired), or the `MISS` sentinel."""
+        stored = self._scopes.get(scope)
+        if stored is None:
+            return _MISS
+        entry = stored.get(key)
+        if entry is None:
+            return _MISS
+        expires, value = entry
+        if expires is not None and self._clock() >= expires:
+            del stored[key]
+            return _MISS
+        self._scopes.move_to_end(scope)
+        return value
 
-    MISS: Any = _MISS
-    """Returned by `lookup` when nothing is stored."""
-
-    def _store(self, key: Hashable, scope: Hashable | None, value: T) -> None:
-        if scope is not None:
-            stored = self._scopes.get(scope)
-            if stored is None:
-                stored = self._scopes[scope] = {}
-                while len(self._scopes) > self.max_scopes:
-                    self._scopes.popitem(last=False)
-            else:
-                self._scopes.move_to_end(scope)
-            stored[key] = value
-        if self.ttl is not None:
-            now = self._clock()
-            self._ttl_cache[key] = (now + self.ttl, value)
-            self._ttl_inserts += 1
-            if self._ttl_inserts % 256 == 0:  # sweep expired entries now and then
-                for k in [k for k, (exp, _) in self._ttl_cache.items() if exp <= now]:
-                    del self._ttl_cache[k]
+    def _store(self, key: Hashable, scope: Hashable, value: T) -> None:
+        stored = self._scopes.get(scope)
+        if stored is None:
+            stored = self._scopes[scope] = {}
+            while len(self._scopes) > self.max_scopes:
+                self._scopes.popitem(last=False)
+        else:
+            self._scopes.move_to_end(scope)
+        now = self._clock()
+        stored[key] = (None if self.ttl is None else now + self.ttl, value)
+        self._inserts += 1
+        if self.ttl is not None and self._inserts % 256 == 0:
+            # A long-lived scope (scope="global") would otherwise keep every
+            # expired key: sweep them now and then.
+            for k in [k for k, (exp, _) in stored.items() if exp is not None and exp <= now]:
+                del stored[k]
 
     def forget_scope(self, scope: Hashable) -> None:
         """Drop the results kept for `scope` (e.g. when its fan_out run ends)."""
@@ -280,7 +304,10 @@ class Coalescer(Generic[T]):
     def clear(self) -> None:
         """Drop every stored result (in-flight executions are not affected)."""
         self._scopes.clear()
-        self._ttl_cache.clear()
+
+    def stored_scopes(self) -> int:
+        """How many scopes have kept results."""
+        return len(self._scopes)
 
     # -- execution ------------------------------------------------------------------
 
@@ -299,10 +326,18 @@ class Coalescer(Generic[T]):
         """Executions running (or waiting for a limit) in the current loop."""
         return len(self._state().flights)
 
-    def waiting(self, key: Hashable, *, scope: Hashable | None = None) -> int:
-        """Callers (the one that started it included) awaiting the execution for `key`."""
-        flight = self._state().flights.get((scope, key))
-        return 0 if flight is None else flight.waiters
+    def waiting(self, key: Hashable, *, scope: Hashable = ANY_SCOPE) -> int:
+        """Callers (the ones that started executions included) awaiting executions for `key`.
+
+        Args:
+            key: The call key.
+            scope: Count only this scope's callers; default: every scope's.
+        """
+        flights = self._state().flights
+        if scope is not ANY_SCOPE:
+            flight = flights.get((scope, key))
+            return 0 if flight is None else flight.waiters
+        return sum(f.waiters for (_, k), f in flights.items() if k == key)
 
     async def _limited(self, fn: Callable[[], Awaitable[T]], state: _LoopState) -> T:
         if state.semaphore is None:
@@ -321,12 +356,15 @@ class Coalescer(Generic[T]):
         fn: Callable[[], Awaitable[T]],
         state: _LoopState,
         storable: Callable[[T], bool],
+        keep: bool,
     ) -> T:
         value: T
         try:
             store = _flight_store
-            if store is not None and fk[0] is not None:
-                value = await store.run(fk[0], fk[1], lambda: self._limited(fn, state), storable)
+            if store is not None and keep and fk[0] is not None:
+                value = await store.run(
+                    fk[0], fk[1], lambda: self._limited(fn, state), storable, ttl=self.ttl
+                )
             else:
                 value = await self._limited(fn, state)
         finally:
@@ -343,19 +381,21 @@ class Coalescer(Generic[T]):
         key: Hashable,
         fn: Callable[[], Awaitable[T]],
         *,
-        scope: Hashable | None = None,
+        scope: Hashable = None,
+        keep: bool = False,
         shareable: Callable[[T], bool] | None = None,
         is_error: Callable[[T], bool] | None = None,
         share_exception: Callable[[BaseException], bool] | None = None,
     ) -> T:
-        """Run `fn`, or share the result of an identical execution.
+        """Run `fn`, or share the result of an identical execution of the same scope.
 
         Args:
             key: What makes two calls identical.
             fn: Produces the result; called at most once per execution, in a
                 task of its own that copies the caller's context.
-            scope: Results are kept for later callers of the same scope;
-                None shares only concurrent calls (and the TTL cache).
+            scope: The partition: only calls of the same scope share.
+            keep: Keep a successful result for later callers of this scope
+                (for at most `ttl` seconds when set).
             shareable: False for a result only its own caller may have (for
                 example a LangGraph `Command`): waiting callers then run
                 their own execution. Default: every result is shareable.
@@ -376,14 +416,17 @@ class Coalescer(Generic[T]):
         """
 
         def storable(value: T) -> bool:
-            return (shareable is None or shareable(value)) and (
-                is_error is None or not is_error(value)
+            return (
+                keep
+                and (shareable is None or shareable(value))
+                and (is_error is None or not is_error(value))
             )
 
         while True:
-            hit = self.lookup(key, scope=scope)
-            if hit is not _MISS:
-                return hit  # type: ignore[no-any-return]
+            if keep:
+                hit = self.lookup(key, scope=scope)
+                if hit is not _MISS:
+                    return hit  # type: ignore[no-any-return]
             state = self._state()
             fk = (scope, key)
             flight = state.flights.get(fk)
@@ -391,8 +434,9 @@ class Coalescer(Generic[T]):
             if flight is None:
                 ref: list[_Flight] = []
                 task = asyncio.get_running_loop().create_task(
-                    self._execute(fk, ref, fn, state, storable)
+                    self._execute(fk, ref, fn, state, storable, keep)
                 )
+                task.add_done_callback(_retrieve)
                 flight = _Flight(task)
                 ref.append(flight)
                 state.flights[fk] = flight
@@ -428,3 +472,17 @@ class Coalescer(Generic[T]):
             if not self.share_errors and is_error is not None and is_error(value):
                 continue
             return value
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Done callback of an execution: mark its exception retrieved.
+
+    An execution whose callers all left (cancelled) may still end with an
+    error nobody awaits; asyncio would log it at garbage collection as "never
+    retrieved". It is logged here at DEBUG instead (its callers were gone).
+    """
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.debug("coalesced execution ended with %s", type(exc).__name__)

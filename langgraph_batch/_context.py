@@ -18,7 +18,7 @@ re-acquires it with preference over fresh siblings (`tool_exit`). The
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,7 +46,7 @@ class SiblingInfo:
     """One running sibling of a fan_out. Mutable: turn and tool counters move."""
 
     group: str
-    """The fan_out run this sibling belongs to."""
+    """The fan_out run this sibling belongs to (stable across a resume when checkpointed)."""
     index: int
     """Position of the sibling's item in the input list."""
     total: int = 0
@@ -62,7 +62,23 @@ class SiblingInfo:
     """Prompt tokens of the sibling's first call that the server already had
     cached: the prefix it shares with its siblings (KV held once, not per sibling)."""
     admission: Admission | None = None
+    run_id: str | None = None
+    """Unique to one fan_out invocation (a resumed run gets a new one): what coalesced
+    tools share within. None: `group` is used."""
+    left: Callable[[], int] | None = None
+    """How many siblings of the run have not finished yet (the run's counter,
+    shared by its siblings). None: unknown (the sibling runs outside a fan_out)."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def siblings_left(self) -> int:
+        """Siblings of this run not finished yet, this one included (0: unknown).
+
+        The scheduler rounds its decode cap up so that what is left of a run
+        runs in equal waves, never in a small last one.
+        """
+        left = self.left
+        return left() if left is not None else 0
 
     @property
     def sibling_id(self) -> str:
@@ -85,6 +101,10 @@ class SiblingInfo:
         self.tools_active -= 1
         if self.tools_active == 0 and self.admission is not None:
             await self.admission.acquire(self, returning=True)
+
+    def tool_abandon(self) -> None:
+        """Leave a tool that was cancelled: no waiting for a place (the sibling is ending)."""
+        self.tools_active = max(0, self.tools_active - 1)
 
 
 _SIBLING: ContextVar[SiblingInfo | None] = ContextVar("langgraph_batch_sibling", default=None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import (
@@ -33,15 +33,18 @@ from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call
 
 from langgraph_batch.backends.base import ChatChunk, ChatResponse, Usage
 from langgraph_batch.backends.base import ToolCall as WireToolCall
+from langgraph_batch.errors import MalformedToolCallError
 
 __all__ = (
     "chunk_to_message_chunk",
     "final_chunk",
+    "first_malformed_tool_call",
     "message_to_openai",
     "messages_to_openai",
     "parse_tool_calls",
     "response_metadata",
     "response_to_message",
+    "tool_call_check",
     "usage_to_metadata",
 )
 
@@ -202,6 +205,163 @@ def parse_tool_calls(
     return valid, invalid
 
 
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def _type_ok(value: Any, schema: Any) -> bool:
+    """Whether `value` fits the top-level `type`/`enum`/`anyOf` of a property schema.
+
+    Anything the check does not understand (`$ref`, `allOf`, formats) passes:
+    it is a guard against broken calls, not a full JSON Schema validator.
+    """
+    if not isinstance(schema, dict):
+        return True
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(branches, list) and branches:
+        return any(_type_ok(value, b) for b in branches)
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and value not in enum:
+        return False
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if isinstance(kind, str) else []
+    if not kinds:
+        return True
+    for k in kinds:
+        types = _JSON_TYPES.get(k)
+        if types is None:
+            return True
+        if isinstance(value, bool) and k in ("integer", "number"):
+            continue
+        if isinstance(value, types):
+            return True
+        if k == "integer" and isinstance(value, float) and value.is_integer():
+            return True
+    return False
+
+
+def _schema_problem(args: dict[str, Any], schema: Any) -> str | None:
+    if not isinstance(schema, dict):
+        return None
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = schema.get("required")
+    if isinstance(required, list):
+        missing = [name for name in required if name not in args]
+        if missing:
+            return f"miss the required propert{'y' if len(missing) == 1 else 'ies'} {missing}"
+    for name, value in args.items():
+        prop = props.get(name)
+        if prop is None:
+            if schema.get("additionalProperties") is False:
+                return f"have a property {name!r} the tool does not take"
+            continue
+        if not _type_ok(value, prop):
+            wanted = prop.get("type") or prop.get("enum") or "its schema"
+            return f"give {name!r} a {type(value).__name__} where the tool wants {wanted}"
+    return None
+
+
+def first_malformed_tool_call(
+    raw: Sequence[WireToolCall], tools: Sequence[Any] | None
+) -> tuple[WireToolCall, str] | None:
+    """The first tool call the bound tools cannot take, and why.
+
+    A call is malformed when its arguments are not JSON, not a JSON object, or
+    (for a bound tool with a JSON schema) miss a required property, have a
+    top-level property of the wrong type or outside its `enum`, or a property
+    the schema forbids (`additionalProperties: false`). Calls of tools that are
+    not bound are left to the tool node, which answers them with an error.
+
+    Args:
+        raw: The tool calls of a `ChatResponse`.
+        tools: The OpenAI tool dicts sent with the request (`params["tools"]`).
+
+    Returns:
+        `(call, reason)` for the first malformed call, or None.
+
+    Example:
+        ```python
+        bad = first_malformed_tool_call(response.tool_calls, request.params.get("tools"))
+        if bad is not None:
+            call, reason = bad  # reason: "are not valid JSON (...)"
+        ```
+    """
+    schemas: dict[str, Any] = {}
+    for tool in tools or ():
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            schemas[fn["name"]] = fn.get("parameters")
+    for call in raw:
+        text = call.arguments or ""
+        if not text.strip():
+            args: Any = {}
+        else:
+            try:
+                args = json.loads(text, strict=False)
+            except json.JSONDecodeError as exc:
+                return call, f"are not valid JSON ({exc})"
+        if not isinstance(args, dict):
+            return call, f"are a JSON {type(args).__name__}, not an object"
+        if call.name in schemas:
+            problem = _schema_problem(args, schemas[call.name])
+            if problem is not None:
+                return call, problem
+    return None
+
+
+def tool_call_check(
+    tools: Sequence[Any], *, request_id: str | None = None
+) -> Callable[[ChatResponse], None]:
+    """A `Scheduler.submit(check=...)` that raises `MalformedToolCallError` for a bad call.
+
+    The scheduler retries the request on that (retryable) error within
+    `max_retries`; the error raised last counts the malformed responses seen.
+
+    Args:
+        tools: the OpenAI tool dicts sent with the request.
+        request_id: the request's id (for the error).
+
+    Returns:
+        The check: it returns quietly when every tool call is well formed.
+    """
+    attempts = 0
+
+    def check(response: ChatResponse) -> None:
+        nonlocal attempts
+        if not response.tool_calls:
+            return
+        bad = first_malformed_tool_call(response.tool_calls, tools)
+        if bad is None:
+            return
+        attempts += 1
+        call, reason = bad
+        cut = " (the response was cut off: finish_reason 'length', raise max_tokens)"
+        raise MalformedToolCallError(
+            f"the model called tool {call.name!r} with arguments that {reason}"
+            f"{cut if response.finish_reason == 'length' else ''}: "
+            f"{call.arguments[:200]!r}. Retried within max_retries ({attempts} malformed "
+            "response(s)). On vLLM, tool_choice='required' or a named tool constrains "
+            "tool-call JSON; invalid_tool_calls='return' hands such calls to the graph.",
+            tool_name=call.name,
+            arguments=call.arguments,
+            reason=reason,
+            tool_call_id=call.id,
+            finish_reason=response.finish_reason,
+            attempts=attempts,
+            request_id=request_id,
+        )
+
+    return check
+
+
 def usage_to_metadata(usage: Usage) -> UsageMetadata:
     """LangChain `usage_metadata` from the server's token counts."""
     metadata = UsageMetadata(
@@ -237,7 +397,8 @@ def response_to_message(response: ChatResponse) -> AIMessage:
 
     Returns:
         An AIMessage with content, tool calls (valid and invalid), usage and
-        response metadata (`model_name`, `finish_reason`, `request_id`, `id`).
+        response metadata (`model_name`, `finish_reason`, `request_id`, `id`;
+        `usage_estimated` when the usage is a share of a batched call's totals).
     """
     tool_calls, invalid = parse_tool_calls(response.tool_calls)
     return AIMessage(
@@ -245,13 +406,21 @@ def response_to_message(response: ChatResponse) -> AIMessage:
         tool_calls=tool_calls,
         invalid_tool_calls=invalid,
         usage_metadata=usage_to_metadata(response.usage) if response.usage else None,
-        response_metadata=response_metadata(
-            model=response.model,
-            finish_reason=response.finish_reason,
-            request_id=response.request_id,
-            response_id=response.id,
-        ),
+        response_metadata=_metadata_of(response),
     )
+
+
+def _metadata_of(response: ChatResponse) -> dict[str, Any]:
+    meta = response_metadata(
+        model=response.model,
+        finish_reason=response.finish_reason,
+        request_id=response.request_id,
+        response_id=response.id,
+    )
+    if response.usage is not None and response.usage.estimated:
+        # A batched call's usage is reported per call: this is the request's share.
+        meta["usage_estimated"] = True
+    return meta
 
 
 def chunk_to_message_chunk(chunk: ChatChunk) -> AIMessageChunk:
@@ -274,11 +443,6 @@ def final_chunk(response: ChatResponse) -> AIMessageChunk:
     return AIMessageChunk(
         content="",
         usage_metadata=usage_to_metadata(response.usage) if response.usage else None,
-        response_metadata=response_metadata(
-            model=response.model,
-            finish_reason=response.finish_reason,
-            request_id=response.request_id,
-            response_id=response.id,
-        ),
+        response_metadata=_metadata_of(response),
         chunk_position="last",
     )

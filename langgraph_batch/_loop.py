@@ -20,7 +20,7 @@ import contextvars
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 __all__ = ("BackgroundLoop", "background_loop")
@@ -126,6 +126,20 @@ class BackgroundLoop:
         except BaseException:
             future.cancel()
             raise
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run the plain function `fn(*args)` on the loop's thread and wait for it.
+
+        For objects bound to the loop (asyncio futures, events) touched from
+        another thread; called from the loop's own thread, it runs `fn` at once.
+        """
+        if self.in_loop_thread():
+            return fn(*args)
+
+        async def _call() -> T:
+            return fn(*args)
+
+        return self.run(_call())
 
     def iterate(self, aiter: AsyncIterator[T]) -> Iterator[T]:
         """Drive an async iterator on the loop and yield its items synchronously.

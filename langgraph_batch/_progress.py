@@ -252,6 +252,9 @@ async def render_progress(
 
     Yields:
         Each item of `chunks`, unchanged.
+
+    Closing the returned generator early (or cancelling its consumer) closes
+    `chunks` too, which stops the graph run that produces them.
     """
     bar = ProgressBar(stream=stream, width=width, min_interval=min_interval, tty=tty)
     try:
@@ -262,3 +265,9 @@ async def render_progress(
             yield chunk
     finally:
         bar.close()
+        # A consumer that stopped early (break, cancellation) closes this
+        # generator: close the stream it wraps too, so the graph run behind it
+        # stops now rather than whenever the garbage collector finalises it.
+        aclose = getattr(chunks, "aclose", None)
+        if callable(aclose):
+            await aclose()

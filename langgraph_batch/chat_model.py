@@ -34,7 +34,14 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils import secret_from_env
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch._convert import (
@@ -42,6 +49,7 @@ from langgraph_batch._convert import (
     final_chunk,
     messages_to_openai,
     response_to_message,
+    tool_call_check,
 )
 from langgraph_batch._loop import background_loop
 from langgraph_batch._structured import (
@@ -53,6 +61,7 @@ from langgraph_batch._structured import (
     to_response_format,
 )
 from langgraph_batch.backends import backend_from_url, backend_key
+from langgraph_batch.backends._factory import check_api_key
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import scheduler_for
@@ -88,6 +97,31 @@ def _record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
     sibling.context_tokens = max(
         0, usage.prompt_tokens + usage.completion_tokens - sibling.shared_tokens
     )
+
+
+# Field -> (lowest value, whether it is allowed, what None means); checked at construction.
+_BOUNDS: dict[str, tuple[float, bool, str]] = {
+    "timeout": (0, False, "no limit"),
+    "total_timeout": (0, False, "no limit"),
+    "stream_chunk_timeout": (0, True, "no limit, as 0"),
+    "max_tokens": (1, True, "the server's default"),
+    "temperature": (0, True, "the server's default"),
+    "max_inflight": (1, True, ""),
+    "max_retries": (0, True, ""),
+}
+
+
+def _float_env(name: str, default: float) -> float | None:
+    """A float from the environment (empty or absent: `default`; "0": no limit)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        msg = f"{name}={raw!r} is not a number of seconds"
+        raise ValueError(msg) from None
+    return value or None
 
 
 # Starting in-flight limit of a default policy on a backend with engine metrics.
@@ -147,6 +181,24 @@ class BatchedChatModel(BaseChatModel):
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""
+    stream_chunk_timeout: float | None = Field(
+        default_factory=lambda: _float_env("LGB_STREAM_CHUNK_TIMEOUT_S", 120.0)
+    )
+    """Streaming: the longest wait between two stream events, in seconds (None or 0:
+    no limit; default 120, or env `LGB_STREAM_CHUNK_TIMEOUT_S`), as langchain-openai's
+    option of the same name: SSE keep-alive comments do not reset it. When it passes,
+    `StreamChunkTimeoutError` (a retryable `BackendTimeoutError`, logged at WARNING);
+    retried when no content had reached the caller yet. Unlike langchain-openai, a
+    negative value is refused (ValueError) rather than replaced by the default."""
+    invalid_tool_calls: Literal["raise", "return"] = "raise"
+    """What to do with a tool call the bound tools cannot take (arguments that are
+    not JSON, not an object, miss a required property or have a wrong type, or a
+    stream cut inside them). `"raise"` (default): retry the request (sampling
+    noise; counted within `max_retries`), then raise `MalformedToolCallError`.
+    `"return"`: return such calls in `AIMessage.invalid_tool_calls`, as `ChatOpenAI`
+    does, for graphs that handle them (streams then aggregate as LangChain does).
+    On vLLM a named or `"required"` `tool_choice` constrains the tool-call JSON
+    with structured outputs, which avoids most malformed calls."""
     max_inflight: int = 256
     """Hard cap on requests the shared scheduler keeps on the wire at once (applies
     when this model creates the scheduler). With engine metrics (vLLM, SGLang) the
@@ -159,6 +211,11 @@ class BatchedChatModel(BaseChatModel):
     """A `Scheduler`, a registered scheduler name, or None (one per server URL)."""
     backend: Backend | None = Field(default=None, exclude=True)
     """An explicit backend instance (overrides `base_url`)."""
+    default_headers: dict[str, str] | None = Field(default=None, repr=False, exclude=True)
+    """Headers sent with every request, as `ChatOpenAI`'s (kept out of repr, dumps, logs).
+    Models share a scheduler only when URL, key, headers and query all match."""
+    default_query: dict[str, Any] | None = Field(default=None, repr=False)
+    """Query parameters of every request URL, as `ChatOpenAI`'s (not for secrets)."""
     extra_body: dict[str, Any] | None = None
     """Extra JSON body fields (vLLM/SGLang extras such as `top_k`, `cache_salt`)."""
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -176,27 +233,16 @@ class BatchedChatModel(BaseChatModel):
         backend_key(value)  # raises ValueError naming a bad URL
         return value
 
-    @field_validator("timeout", "total_timeout")
+    @field_validator(*_BOUNDS)
     @classmethod
-    def _check_timeout(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            msg = f"timeouts must be > 0 seconds (or None), got {value!r}"
-            raise ValueError(msg)
-        return value
-
-    @field_validator("max_inflight")
-    @classmethod
-    def _check_inflight(cls, value: int) -> int:
-        if value < 1:
-            msg = f"max_inflight must be >= 1, got {value!r}"
-            raise ValueError(msg)
-        return value
-
-    @field_validator("max_retries")
-    @classmethod
-    def _check_retries(cls, value: int) -> int:
-        if value < 0:
-            msg = f"max_retries must be >= 0, got {value!r}"
+    def _check_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return value
+        name = info.field_name or ""
+        low, inclusive, none = _BOUNDS[name]
+        if not (value >= low if inclusive else value > low):
+            alt = f" (or None: {none})" if none else ""
+            msg = f"{name} must be {'>=' if inclusive else '>'} {low}{alt}, got {value!r}"
             raise ValueError(msg)
         return value
 
@@ -208,6 +254,8 @@ class BatchedChatModel(BaseChatModel):
                 f"got {type(self.scheduler).__name__}"
             )
             raise ValueError(msg)
+        if self.backend is None and not isinstance(self.scheduler, Scheduler):
+            check_api_key(self.base_url, self._api_key())
         return self
 
     # ------------------------------------------------------------------ LangChain metadata
@@ -406,27 +454,49 @@ class BatchedChatModel(BaseChatModel):
             stream=stream,
             request_id=request_id,
             timeout=self.timeout,
+            stream_chunk_timeout=self.stream_chunk_timeout or None,
             batchable=batchable,
         )
         return request, turn, sibling
 
+    def _api_key(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
     def _make_backend(self) -> Backend:
         if self.backend is not None:
             return self.backend
-        api_key = self.api_key.get_secret_value() if self.api_key is not None else None
-        options: dict[str, Any] = {"api_key": api_key}
+        options: dict[str, Any] = {"api_key": self._api_key()}
         if self.timeout is not None:
             options["timeout"] = self.timeout
+        if self.default_headers:
+            options["headers"] = dict(self.default_headers)
+        if self.default_query:
+            options["query"] = dict(self.default_query)
         return backend_from_url(self.base_url, **options)
+
+    @property
+    def backend_key(self) -> str:
+        """The key of the backend this model calls: its endpoint and a credentials digest.
+
+        Two models share a scheduler and an HTTP client only when their keys
+        match, that is when URL, API key, `default_headers` and `default_query`
+        are all equal. The key holds a sha256 prefix of those, never a secret.
+        """
+        if self.backend is not None:
+            return self.backend.key
+        return backend_key(
+            self.base_url,
+            api_key=self._api_key(),
+            headers=self.default_headers,
+            query=self.default_query,
+        )
 
     @property
     def scheduler_key(self) -> str:
         """The registry key of the scheduler this model's calls share."""
         if isinstance(self.scheduler, str):
             return self.scheduler
-        if self.backend is not None:
-            return self.backend.key
-        return backend_key(self.base_url)
+        return self.backend_key
 
     def default_policy(self) -> BatchPolicy:
         """The policy of a scheduler this model creates when `policy` is None.
@@ -451,12 +521,21 @@ class BatchedChatModel(BaseChatModel):
         """
         if isinstance(self.scheduler, Scheduler):
             return self.scheduler
+        named = isinstance(self.scheduler, str)
         return scheduler_for(
             key=self.scheduler_key,
             backend_factory=self._make_backend,
             policy=self.policy or self.default_policy(),
-            name=self.scheduler if isinstance(self.scheduler, str) else None,
+            name=self.scheduler if named else None,
+            backend_key=self.backend_key if named else None,
         )
+
+    def _tool_call_check(self, request: ChatRequest) -> Callable[[ChatResponse], None] | None:
+        """A response check that rejects malformed tool calls (None: nothing to check)."""
+        tools = request.params.get("tools")
+        if self.invalid_tool_calls != "raise" or not tools:
+            return None
+        return tool_call_check(tools, request_id=request.request_id or None)
 
     async def _submit(
         self,
@@ -473,6 +552,7 @@ class BatchedChatModel(BaseChatModel):
             max_retries=self.max_retries,
             timeout=self.total_timeout,
             on_chunk=on_chunk,
+            check=self._tool_call_check(request),
         )
 
     # ------------------------------------------------------------------ async paths

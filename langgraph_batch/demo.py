@@ -9,26 +9,29 @@ bar, then prints a short per-sibling summary, the scheduler's statistics and
 a side-by-side with the same job written the plain LangGraph way (`Send` +
 `ChatOpenAI`, no concurrency control, no coalescing).
 
-With `--backend-url http://host:port` it runs against a real vLLM or SGLang
-server instead (the model is taken from `/v1/models` unless `--model`).
+With `--backend-url URL` (any URL `backend_from_url` accepts: `vllm://host:8000`,
+`sglang://host:30000`, `http(s)://host:port`) it runs against that server
+instead (the model is taken from `/v1/models` unless `--model`). A server
+that is really the emulator says so in its `/version` answer, and is
+labelled EMULATED however it was reached. A baseline that fails is reported
+as failed, never as a speed-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import operator
+import os
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
-import httpx
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.graph import END, START, StateGraph
@@ -36,12 +39,21 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Send
 
+from langgraph_batch._demo_server import (
+    EMULATOR_OUTPUT_TOKENS,
+    DemoError,
+    Server,
+    demo_backend_url,
+    probe,
+    reset_server,
+    server_stats,
+)
+
 __all__ = ("main",)
 
-_PROFILE = "h100-llama3-8b"
 _SYSTEM_TOKENS = 2048
 _TASK_TOKENS = 500
-_ANSWER_TOKENS = 200
+_ANSWER_TOKENS = EMULATOR_OUTPUT_TOKENS
 _TOOL_LATENCY_S = 0.8
 _TOOL_CONCURRENCY = 10
 _MAX_DISTINCT_KEYS = 10
@@ -210,7 +222,7 @@ class _BatchedState(TypedDict, total=False):
 
 
 async def _run_batched(
-    url: str, model: str, n: int, service: _ToolService, *, progress: bool
+    server: Server, n: int, service: _ToolService, *, progress: bool
 ) -> _RunReport:
     from langgraph_batch._progress import render_progress
     from langgraph_batch.chat_model import BatchedChatModel
@@ -221,7 +233,11 @@ async def _run_batched(
     clock = [time.monotonic()]
     search = coalesce(_make_tool(service))
     base = BatchedChatModel(
-        model_name=model, base_url=_vllm_url(url), max_tokens=256, temperature=0.0
+        model_name=server.model,
+        base_url=server.url,
+        api_key=server.secret,
+        max_tokens=256,
+        temperature=0.0,
     )
     llm = base.bind_tools([search], response_format=_answer_schema())
     agent = _build_agent(llm, BatchToolNode([search]), clock)
@@ -278,7 +294,10 @@ class _NaiveState(TypedDict, total=False):
     findings: Annotated[list[dict[str, Any]], operator.add]
 
 
-async def _run_naive(url: str, model: str, n: int, service: _ToolService) -> _RunReport:
+_NO_CHAT_OPENAI_SAID: list[bool] = []  # say it once, not again for the warm-up run
+
+
+async def _run_naive(server: Server, n: int, service: _ToolService) -> _RunReport:
     clock = [time.monotonic()]
     search = _make_tool(service)
     llm: Any
@@ -288,13 +307,23 @@ async def _run_naive(url: str, model: str, n: int, service: _ToolService) -> _Ru
         from langgraph_batch.chat_model import BatchedChatModel
 
         label = "plain Send + BatchedChatModel (langchain-openai not installed)"
-        llm = BatchedChatModel(model_name=model, base_url=_vllm_url(url), max_tokens=256)
+        if not _NO_CHAT_OPENAI_SAID:
+            _NO_CHAT_OPENAI_SAID.append(True)
+            _say(
+                "langchain-openai is not installed: the plain-LangGraph baseline calls the "
+                "server through BatchedChatModel instead of ChatOpenAI. For the real baseline: "
+                "pip install 'langgraph-batch[demo]'"
+            )
+        llm = BatchedChatModel(
+            model_name=server.model, base_url=server.url, api_key=server.secret, max_tokens=256
+        )
     else:
         label = "plain LangGraph (Send + ChatOpenAI + ToolNode)"
+        # ChatOpenAI speaks plain HTTP(S): give it the first endpoint's http(s) root.
         llm = ChatOpenAI(  # type: ignore[call-arg]
-            model=model,
-            base_url=url.rstrip("/") + "/v1",
-            api_key="not-needed",  # type: ignore[arg-type]
+            model=server.model,
+            base_url=server.http_base + "/v1",
+            api_key=server.api_key or "not-needed",  # type: ignore[arg-type]
             max_tokens=256,
             temperature=0.0,
         )
@@ -334,63 +363,6 @@ async def _run_naive(url: str, model: str, n: int, service: _ToolService) -> _Ru
     )
     report.tool_executed = service.total
     return report
-
-
-def _vllm_url(url: str) -> str:
-    """`http://host:port[/v1]` -> `vllm://host:port` (the backend with vLLM's extras)."""
-    rest = url.split("://", 1)[-1].rstrip("/")
-    if rest.endswith("/v1"):
-        rest = rest[:-3]
-    return f"vllm://{rest}"
-
-
-def _server_stats(url: str, emulated: bool) -> dict[str, Any]:
-    if not emulated:
-        return {}
-    try:
-        data: dict[str, Any] = httpx.get(f"{url}/emulator/stats", timeout=10.0).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
-    return data
-
-
-def _reset_server(url: str, emulated: bool) -> None:
-    if emulated:
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.post(f"{url}/emulator/reset", timeout=10.0)
-
-
-def _first_model(url: str) -> str:
-    resp = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10.0)
-    resp.raise_for_status()
-    models = resp.json().get("data") or []
-    if not models:
-        raise RuntimeError(f"{url}/v1/models lists no model; pass --model")
-    return str(models[0]["id"])
-
-
-@contextlib.contextmanager
-def _backend(args: argparse.Namespace) -> Iterator[tuple[str, bool]]:
-    """Yields (base URL without /v1, emulated?)."""
-    if args.backend_url:
-        url = args.backend_url.rstrip("/")
-        if url.endswith("/v1"):
-            url = url[:-3]
-        yield url, False
-        return
-    from langgraph_batch.emulator.config import EmulatorConfig
-    from langgraph_batch.emulator.process import EmulatorProcess
-
-    cfg = EmulatorConfig(
-        port=0,
-        profile=_PROFILE,
-        time_scale=args.time_scale,
-        turns=2,
-        output_tokens=_ANSWER_TOKENS,
-        model="emulated-llama-3-8b",
-    )
-    with EmulatorProcess(cfg) as emu:
-        yield emu.url, True
 
 
 def _print_summary(report: _RunReport, n: int, keys: dict[int, str]) -> None:
@@ -507,69 +479,95 @@ def _side_by_side(batched: _RunReport, naive: _RunReport, scale: float) -> None:
 async def _demo(args: argparse.Namespace) -> int:
     n: int = args.n
     keys = {i: f"topic{i % _distinct_keys(n)}" for i in range(n)}
-    with _backend(args) as (url, emulated):
-        scale = args.time_scale if emulated else 1.0
-        if emulated:
+    api_key = args.api_key or os.environ.get("LGB_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    with demo_backend_url(args.backend_url, time_scale=args.time_scale) as url:
+        server = await probe(url, api_key=api_key, model=args.model)
+        scale = server.time_scale
+        if server.emulated:
+            engine = "SGLang" if server.flavor == "sglang" else "vLLM"
+            where = f" at {url}" if args.backend_url else ""
             _say(
-                f"EMULATED vLLM ({_PROFILE} profile, time scale {scale:g}) — not a real GPU. "
-                f"Times below are emulated seconds."
+                f"EMULATED {engine} ({server.profile} profile, time scale {scale:g}){where}"
+                f" — not a real GPU. Times below are emulated seconds."
             )
         else:
             _say(f"Real inference server at {url}")
-        model = args.model or ("emulated-llama-3-8b" if emulated else _first_model(url))
         service = _ToolService(latency_s=_TOOL_LATENCY_S / scale)
         _say(
             f"Job: {n} research agents, shared {_SYSTEM_TOKENS}-token system prompt, "
             f"{_TASK_TOKENS}-token tasks, web_search tool ({_TOOL_LATENCY_S * 1000:.0f} ms, "
             f"{_distinct_keys(n)} distinct queries, at most {_TOOL_CONCURRENCY} at once), "
-            f"JSON answer. Model {model}."
+            f"JSON answer. Model {server.model}."
         )
         # Warm both stacks up (imports, clients, graph compilation) with one
         # sibling each, so neither run is charged one-time start-up costs.
-        await _run_batched(url, model, 1, service, progress=False)
-        await _run_naive(url, model, 1, service)
+        await _run_batched(server, 1, service, progress=False)
+        if not args.skip_naive:
+            await _run_naive(server, 1, service)
         service.reset()
         _say("")
         _say("1) langgraph-batch: fan_out + BatchedChatModel + coalesced tool")
-        _reset_server(url, emulated)
-        batched = await _run_batched(url, model, n, service, progress=not args.no_progress)
-        batched.server = _server_stats(url, emulated)
+        await reset_server(server)
+        batched = await _run_batched(server, n, service, progress=not args.no_progress)
+        batched.server = await server_stats(server)
         _print_summary(batched, n, keys)
         _print_stats(batched)
+        code = 0 if not batched.failures else 1
         if args.skip_naive:
-            return 0 if not batched.failures else 1
+            return code
         _say("")
         _say("2) the same job, plain LangGraph: Send + ChatOpenAI + ToolNode, no limits")
-        _reset_server(url, emulated)
+        await reset_server(server)
         service.reset()
-        naive = await _run_naive(url, model, n, service)
-        naive.server = _server_stats(url, emulated)
-        _say(
-            f"   done: {len(naive.answers)}/{n} answered"
-            + (f" (run failed: {naive.error[:100]})" if naive.error else "")
-        )
+        naive = await _run_naive(server, n, service)
+        naive.server = await server_stats(server)
+        if naive.error or naive.failures:
+            # A baseline that failed measured nothing: no speed-up to report.
+            _say(f"   BASELINE FAILED: {len(naive.answers)}/{n} answered")
+            _say(f"   {(naive.error or next(iter(naive.failures.values())))[:300]}")
+            _say("   No comparison is reported: the plain LangGraph run did not complete.")
+            return code or 3
+        _say(f"   done: {n}/{n} answered")
         _say("")
-        _say("Side by side" + (" (emulated seconds)" if emulated else "") + ":")
+        _say("Side by side" + (" (emulated seconds)" if server.emulated else "") + ":")
         _side_by_side(batched, naive, scale)
-    return 0 if not batched.failures else 1
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; returns the exit code (0: every batched sibling answered)."""
+    """Run the demo; returns the exit code.
+
+    0: every sibling of both runs answered; 1: a langgraph-batch sibling
+    failed (or the run raised); 2: bad options, or the server cannot be
+    used; 3: the plain LangGraph baseline failed (no comparison printed);
+    130: interrupted.
+    """
     parser = argparse.ArgumentParser(
         prog="langgraph-batch demo",
         description=(
             "Fan out N research agents through langgraph-batch, then run the same job "
             "naively, against the built-in emulator (default) or a real server."
         ),
+        epilog=(
+            "exit codes: 0 ok; 1 a langgraph-batch sibling failed; 2 bad options or "
+            "unreachable server; 3 the plain LangGraph baseline failed"
+        ),
     )
     parser.add_argument("--n", type=int, default=50, help="number of sibling agents (default 50)")
     parser.add_argument(
         "--backend-url",
         default=None,
-        help="a real vLLM/SGLang server, e.g. http://127.0.0.1:8000 (default: start the emulator)",
+        help=(
+            "a server URL as backend_from_url accepts it: vllm://host:8000, "
+            "sglang://host:30000, http(s)://host:port (default: start the emulator)"
+        ),
     )
     parser.add_argument("--model", default=None, help="model name (default: the server's first)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="the server's API key (default: $LGB_API_KEY, then $OPENAI_API_KEY)",
+    )
     parser.add_argument(
         "--time-scale",
         type=float,
@@ -587,3 +585,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_demo(args))
     except KeyboardInterrupt:
         return 130
+    except DemoError as exc:
+        sys.stderr.write(f"langgraph-batch demo: {exc}\n")
+        return exc.code
+    except Exception as exc:  # one line, no traceback: the demo is a user's first contact
+        sys.stderr.write(f"langgraph-batch demo failed: {type(exc).__name__}: {exc}\n")
+        return 1

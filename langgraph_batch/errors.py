@@ -9,6 +9,8 @@ LangGraphBatchError
 ├─ BackendError                   # anything the inference server did or did not do
 │  ├─ BackendConnectionError      # refused, reset, DNS, dropped mid-stream (retryable)
 │  ├─ BackendTimeoutError         # connect/read timeout (retryable)
+│  │  ├─ PoolTimeoutError         # no connection became free in time (retryable)
+│  │  └─ StreamChunkTimeoutError  # no stream chunk within stream_chunk_timeout (retryable)
 │  ├─ BackendRateLimitError       # HTTP 429, honours Retry-After (retryable)
 │  ├─ BackendServerError          # HTTP 5xx (retryable)
 │  ├─ BackendStreamError          # broken or truncated SSE (retryable)
@@ -16,7 +18,7 @@ LangGraphBatchError
 │  ├─ BackendBadRequestError      # HTTP 4xx other than 429 (not retryable)
 │  │  ├─ ContextLengthExceededError   # prompt does not fit max_model_len
 │  │  └─ ModelNotFoundError           # wrong model name / wrong URL
-│  └─ MalformedToolCallError      # the model produced tool-call arguments that are not JSON
+│  └─ MalformedToolCallError      # tool-call arguments not JSON / not the tool's schema (retryable)
 ├─ SiblingFailedError             # on_error="raise" in fan_out: carries every SiblingError
 └─ DistributedError               # distributed fan_out (langgraph_batch.distributed, Redis)
    ├─ RedisUnavailableError       # Redis unreachable for longer than allowed (retryable)
@@ -74,11 +76,13 @@ __all__ = (
     "ModelNotFoundError",
     "PayloadRejectedError",
     "PayloadTooLargeError",
+    "PoolTimeoutError",
     "RedisUnavailableError",
     "SchedulerClosedError",
     "SchedulerDeadError",
     "SchedulerError",
     "SiblingFailedError",
+    "StreamChunkTimeoutError",
 )
 
 
@@ -179,6 +183,60 @@ class BackendTimeoutError(BackendError, ModelTimeoutError):
     is_retryable = True
 
 
+class PoolTimeoutError(BackendTimeoutError):
+    """No connection to the server became free within the pool timeout.
+
+    Every connection the backend may open (`limits.max_connections`) carries a
+    request. Retrying later may succeed; so may a larger `max_connections` or
+    `pool_timeout`, or fewer requests in flight (`max_inflight`).
+
+    Attributes:
+        pool_timeout_s: how long the request waited, in seconds.
+        max_connections: the connection limit that was full (None: unknown).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pool_timeout_s: float | None = None,
+        max_connections: int | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.pool_timeout_s = pool_timeout_s
+        self.max_connections = max_connections
+
+
+class StreamChunkTimeoutError(BackendTimeoutError):
+    """No stream chunk arrived within `stream_chunk_timeout` seconds.
+
+    Like langchain-openai's error of the same name, it measures the gap
+    between parsed stream events (SSE keep-alive comments do not reset it),
+    but it is not a `TimeoutError`: LangGraph's default retry policy retries
+    it. The scheduler retries it when no content had reached the caller yet.
+
+    Attributes:
+        timeout_s: the `stream_chunk_timeout` that fired.
+        model_name: the model asked for.
+        chunks_received: stream events received before the stall.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        timeout_s: float,
+        model_name: str | None = None,
+        chunks_received: int = 0,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.timeout_s = timeout_s
+        self.model_name = model_name
+        self.chunks_received = chunks_received
+
+
 class BackendRateLimitError(BackendError, ModelRateLimitError):
     """HTTP 429: the server asks us to slow down.
 
@@ -264,24 +322,48 @@ class ModelNotFoundError(BackendBadRequestError, _LCModelNotFoundError):
 
 
 class MalformedToolCallError(BackendError):
-    """The model produced a tool call whose arguments are not a JSON object.
+    """The model produced a tool call the bound tools cannot take.
 
-    Not raised by default: `BatchedChatModel` turns such calls into
-    `invalid_tool_calls` on the AIMessage (LangChain's convention), so nothing
-    crashes deep in the stack. `langchain.agents.create_agent` answers them
-    with an error ToolMessage on the next model call; a prebuilt ToolNode
-    graph (`tools_condition`) ends the sibling with that AIMessage, whose
-    `invalid_tool_calls[i]["error"]` says what was wrong.
+    Its arguments are not JSON, not a JSON object, or break the tool's JSON
+    schema (a required property missing, a property of the wrong type), or the
+    stream ended inside them (`finish_reason="length"`, a dropped connection).
+    This is sampling noise: `BatchedChatModel` retries the request (within
+    `max_retries`, counted in `SchedulerStats.malformed_tool_calls`) and raises
+    this error when every attempt was malformed. `fan_out` reports it as that
+    sibling's `SiblingError`. With `invalid_tool_calls="return"` the model
+    returns such calls as `AIMessage.invalid_tool_calls` instead, the way
+    `ChatOpenAI` does.
 
     Attributes:
         tool_name: the tool the model tried to call.
-        arguments: the raw argument text.
+        arguments: the raw argument text (truncated to 2,000 characters).
+        reason: what is wrong with it.
+        tool_call_id: the call's id.
+        finish_reason: the response's finish reason (`"length"`: cut off).
+        attempts: how many responses were malformed (retries included).
     """
 
-    def __init__(self, message: str, *, tool_name: str, arguments: str, **kw: Any) -> None:
+    is_retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool_name: str,
+        arguments: str,
+        reason: str = "",
+        tool_call_id: str | None = None,
+        finish_reason: str | None = None,
+        attempts: int = 1,
+        **kw: Any,
+    ) -> None:
         super().__init__(message, **kw)
         self.tool_name = tool_name
-        self.arguments = arguments
+        self.arguments = arguments[:2000]
+        self.reason = reason
+        self.tool_call_id = tool_call_id
+        self.finish_reason = finish_reason
+        self.attempts = attempts
 
 
 class SiblingFailedError(LangGraphBatchError):

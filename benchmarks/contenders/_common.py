@@ -2,16 +2,21 @@
 
 The harness writes a job (a JSON object) to the contender's stdin; the contender
 runs the workload once and prints one JSON line to stdout with its client-side
-measurements: makespan, per-sibling completion times, failures, tool calls
-requested, client CPU seconds and peak RSS. Server-side numbers (requests,
-tokens, cache hits, preemptions, tool executions) are read by the harness from
-the emulator and the tool service, not here.
+measurements: makespan, per-sibling completion times and timeline, failures,
+tool calls requested, the output lengths the server reported, client CPU
+seconds and peak RSS. Server-side numbers (requests, tokens, cache hits,
+preemptions, phase times, tool executions) are read by the harness from the
+server (`/metrics`, and the emulator's own `/emulator/*`) and the tool
+service; here only the snapshot after the warm-up is taken, so the harness
+can subtract it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import resource
 import sys
 import time
@@ -20,6 +25,61 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
+
+#: Server metrics a run reads, by our name: the first of the Prometheus names
+#: present is used (vLLM, then SGLang). Histograms contribute `_sum`/`_count`.
+METRIC_NAMES: dict[str, tuple[str, ...]] = {
+    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
+    "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total"),
+    "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
+    "cached_tokens": ("vllm:prompt_tokens_cached_total",),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "requests_finished": ("vllm:request_success_total",),
+    "queue_time_s": ("vllm:request_queue_time_seconds",),
+    "prefill_time_s": ("vllm:request_prefill_time_seconds",),
+    "decode_time_s": ("vllm:request_decode_time_seconds",),
+    "inference_time_s": ("vllm:request_inference_time_seconds",),
+    "e2e_time_s": ("vllm:e2e_request_latency_seconds",),
+    "ttft_s": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+}
+_HISTOGRAMS = frozenset(
+    ("queue_time_s", "prefill_time_s", "decode_time_s", "inference_time_s", "e2e_time_s", "ttft_s")
+)
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The server metrics of `METRIC_NAMES` in a Prometheus `/metrics` body.
+
+    Counters are summed over their label sets; a histogram gives `<name>`
+    (its `_sum`) and `<name>_count`. Absent metrics are absent from the dict.
+    """
+    raw: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if not math.isnan(value):
+            raw[m.group(1)] = raw.get(m.group(1), 0.0) + value
+    out: dict[str, float] = {}
+    for ours, names in METRIC_NAMES.items():
+        for name in names:
+            if ours in _HISTOGRAMS:
+                if f"{name}_sum" in raw:
+                    out[ours] = raw[f"{name}_sum"]
+                    out[f"{ours}_count"] = raw.get(f"{name}_count", 0.0)
+                    break
+            elif name in raw:
+                out[ours] = raw[name]
+                break
+    return out
 
 
 @dataclass(slots=True)
@@ -33,7 +93,13 @@ class Recorder:
     llm_calls: int = 0
     samples: dict[int, str] = field(default_factory=dict)
     events: list[tuple[float, int, str]] = field(default_factory=list)
-    """(seconds since t0, sibling, what): model/tool calls starting and ending."""
+    """(seconds since t0, sibling, what): the sibling starting, model and tool
+    calls starting and ending (`start`, `llm_start`, `llm_end`, `tool_start`,
+    `tool_end`); its finish is in `completions`."""
+    output_tokens: dict[str, list[int | None]] = field(default_factory=dict)
+    """Output tokens the server reported per model call, by kind (`tool`, `answer`)."""
+    tool_args: list[str] = field(default_factory=list)
+    """The argument values of the tool calls the model made (shape checks)."""
 
     def event(self, index: int, what: str) -> None:
         """Note a step of sibling `index` (for the timeline in the results)."""
@@ -57,6 +123,12 @@ class Recorder:
         self.tool_calls_requested = 0
         self.llm_calls = 0
         self.events.clear()
+        self.output_tokens.clear()
+        self.tool_args.clear()
+
+    def output(self, kind: str, tokens: int | None) -> None:
+        """Note one model call's output length (None: the server did not say)."""
+        self.output_tokens.setdefault(kind, []).append(tokens)
 
 
 RECORDER = Recorder()
@@ -93,6 +165,7 @@ def warmup_job(job: dict[str, Any]) -> dict[str, Any]:
         job,
         system_prompt="Warm-up run. Answer briefly.",
         tasks=[f"Warm-up task key={WARMUP_KEY}"],
+        tool_keys=[WARMUP_KEY],
     )
 
 
@@ -128,9 +201,39 @@ def sum_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def emulator_baseline(job: dict[str, Any]) -> dict[str, Any]:
-    """The emulator counters now, summed over every replica of the job."""
+    """The emulator counters now, summed over every replica of the job.
+
+    On a live server ({} if it is not the emulator) only its engine clock is
+    used, to fetch the emulator's per-request phases of the measured run.
+    """
     urls = job.get("llm_urls") or [job["llm_url"]]
+    if job.get("server", {}).get("live"):
+        try:
+            return dict(await _get_json(urls[0] + "/emulator/stats"))
+        except (OSError, ValueError):
+            return {}
     return sum_stats([await _get_json(u + "/emulator/stats") for u in urls])
+
+
+async def metrics_baseline(job: dict[str, Any]) -> dict[str, float]:
+    """`parse_metrics` of every replica's `/metrics` now, summed ({} if none answers)."""
+    import asyncio
+    import urllib.request
+
+    def fetch(url: str) -> str:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+            text: str = resp.read().decode()
+            return text
+
+    out: dict[str, float] = {}
+    for url in job.get("llm_urls") or [job["llm_url"]]:
+        try:
+            text = await asyncio.to_thread(fetch, url)
+        except OSError:
+            continue
+        for key, value in parse_metrics(text).items():
+            out[key] = out.get(key, 0.0) + value
+    return out
 
 
 Runner = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -165,6 +268,7 @@ def run_measured(
                 out["warmup_error"] = f"{type(exc).__name__}: {exc}"[:300]
             rec.clear()
             out["baseline_emulator"] = await emulator_baseline(job)
+            out["baseline_metrics"] = await metrics_baseline(job)
             out["baseline_tools"] = await _get_json(job["tool_url"] + "/stats")
             profile_path = os.environ.get("BENCH_PROFILE")
             profiler = None
@@ -201,6 +305,7 @@ def run_measured(
         "run_error": run_error,
         "warmup_error": out.get("warmup_error"),
         "baseline_emulator": out.get("baseline_emulator") or {},
+        "baseline_metrics": out.get("baseline_metrics") or {},
         "baseline_tools": out.get("baseline_tools") or {},
         "tool_calls_requested": rec.tool_calls_requested,
         "llm_calls_client": rec.llm_calls,
@@ -208,4 +313,7 @@ def run_measured(
         "peak_rss_mb": peak_rss_mb(),
         "samples": {str(k): v for k, v in sorted(rec.samples.items())},
         "events": rec.events,
+        "output_tokens": rec.output_tokens,
+        "tool_args": sorted(set(rec.tool_args)),
+        "tool_args_count": len(rec.tool_args),
     }

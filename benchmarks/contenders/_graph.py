@@ -5,6 +5,16 @@ the model node calls a chat model with the tools bound, `tools_condition`
 routes tool calls to a tool node, and `finish` records the sibling's answer.
 The contenders differ only in the chat model, the tool node and how the
 siblings are fanned out, so the comparison is of those parts alone.
+
+Forced shapes (`job["forced_shapes"]`, used against live servers, where the
+model may have random weights): the tool turn names its tool in
+`tool_choice` and the tool's one argument is an enum of the workload's keys
+(structured outputs make any model produce a valid call); the answer turn
+has `tool_choice="none"`, `max_tokens` = the workload's answer length and
+`ignore_eos`, so every answer is exactly that long.
+
+Every sibling's timeline goes to `RECORDER.events`: `start`, each model
+call's `llm_start`/`llm_end`, each tool call's `tool_start`/`tool_end`.
 """
 
 from __future__ import annotations
@@ -12,11 +22,17 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 import httpx
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -57,12 +73,14 @@ def make_http_client() -> httpx.AsyncClient:
 def make_tools(job: dict[str, Any], client: httpx.AsyncClient) -> list[BaseTool]:
     """LangChain tools that call the benchmark's tool service over HTTP."""
     tools: list[BaseTool] = []
+    keys = job.get("tool_keys") if job.get("forced_shapes") else None
     for spec in job["tools"]:
         name: str = spec["name"]
         arg: str = spec["arg"]
         url = f"{job['tool_url']}/tools/{name}"
+        kind: Any = Literal[tuple(keys)] if keys else str  # an enum of the keys when forced
         schema: type[BaseModel] = create_model(
-            f"{name}_args", **{arg: (str, Field(description=spec.get("arg_description", arg)))}
+            f"{name}_args", **{arg: (kind, Field(description=spec.get("arg_description", arg)))}
         )
 
         def _factory(url: str = url) -> Callable[..., Any]:
@@ -94,15 +112,54 @@ def answer_text(msg: AIMessage) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
-def build_agent(llm: Any, tool_node: Any, *, name: str = "agent") -> Any:
-    """Compile the sibling subgraph around a tool-bound chat model and a tool node."""
+def _output_tokens(msg: Any) -> int | None:
+    usage = getattr(msg, "usage_metadata", None)
+    if usage and usage.get("output_tokens") is not None:
+        return int(usage["output_tokens"])
+    return None
+
+
+async def record_tool_call(request: Any, execute: Any) -> Any:
+    """`awrap_tool_call` hook: the tool call's span in the calling sibling's timeline."""
+    state = request.state if isinstance(request.state, dict) else {}
+    index = state.get("index", -1)
+    RECORDER.event(index, "tool_start")
+    try:
+        return await execute(request)
+    finally:
+        RECORDER.event(index, "tool_end")
+
+
+def build_agent(
+    llm: Any,
+    tool_node: Any,
+    *,
+    name: str = "agent",
+    answer_llm: Any = None,
+    turns: int = 2,
+) -> Any:
+    """Compile the sibling subgraph around a tool-bound chat model and a tool node.
+
+    With `answer_llm` (forced shapes) the model calls after `turns - 1` tool
+    results use it; the others use `llm`.
+    """
 
     async def model(state: AgentState) -> dict[str, Any]:
-        RECORDER.event(state["index"], "llm_start")
-        msg = await llm.ainvoke(state["messages"])
-        RECORDER.event(state["index"], "llm_end")
+        index = state["index"]
+        messages = state["messages"]
+        tool_results = sum(1 for m in messages if isinstance(m, ToolMessage))
+        if not any(isinstance(m, AIMessage) for m in messages):
+            RECORDER.event(index, "start")
+        answering = answer_llm is not None and tool_results >= turns - 1
+        RECORDER.event(index, "llm_start")
+        msg = await (answer_llm if answering else llm).ainvoke(messages)
+        RECORDER.event(index, "llm_end")
         RECORDER.llm_calls += 1
-        RECORDER.tool_calls_requested += len(getattr(msg, "tool_calls", None) or [])
+        calls = getattr(msg, "tool_calls", None) or []
+        RECORDER.tool_calls_requested += len(calls)
+        RECORDER.output("tool" if calls else "answer", _output_tokens(msg))
+        for call in calls:
+            RECORDER.tool_args.extend(str(v) for v in (call.get("args") or {}).values())
         return {"messages": [msg]}
 
     def finish(state: AgentState) -> dict[str, Any]:
@@ -126,7 +183,12 @@ def build_agent(llm: Any, tool_node: Any, *, name: str = "agent") -> Any:
 
 
 def bind(llm: BaseChatModel, tools: Sequence[BaseTool], job: dict[str, Any]) -> Any:
-    """Bind the tools (and the final answer's JSON schema, as a user would)."""
+    """Bind the tools (and the final answer's JSON schema, as a user would).
+
+    Forced shapes: the tools with the first one named in `tool_choice`.
+    """
+    if job.get("forced_shapes") and tools:
+        return llm.bind_tools(list(tools), tool_choice=tools[0].name)
     schema = job.get("response_schema")
     if not tools:
         if schema:
@@ -135,6 +197,26 @@ def bind(llm: BaseChatModel, tools: Sequence[BaseTool], job: dict[str, Any]) -> 
     if schema:
         return llm.bind_tools(list(tools), response_format=_response_format(schema), strict=True)
     return llm.bind_tools(list(tools))
+
+
+def bind_answer(llm: BaseChatModel | None, tools: Sequence[BaseTool]) -> Any:
+    """The forced answer turn: the tools still listed (the prompt keeps its prefix), none called.
+
+    `llm` carries the answer length (`max_tokens`, `ignore_eos`); None when
+    the shapes are not forced.
+    """
+    if llm is None:
+        return None
+    return llm.bind_tools(list(tools), tool_choice="none") if tools else llm
+
+
+def forced_answer_options(job: dict[str, Any]) -> dict[str, Any] | None:
+    """`max_tokens` and `extra_body` of the forced answer turn (None when not forced)."""
+    if not job.get("forced_shapes"):
+        return None
+    extra = dict(job.get("extra_body") or {})
+    extra["ignore_eos"] = True
+    return {"max_tokens": int(job["answer_tokens"]), "extra_body": extra}
 
 
 def _response_format(schema: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,59 @@ def _sibling_turns(
     return turns, keys
 
 
+def work_bound(
+    profile: Any,
+    *,
+    prefill_tokens: int,
+    prefills: int,
+    attn_units: float,
+    decode_tokens: int,
+    decode_kv: float,
+    chain: int,
+    max_decodes: int,
+    budget: int = MAX_BATCHED_TOKENS,
+) -> tuple[float, int]:
+    """Least engine time for the whole job's work, and the steps it takes.
+
+    The work (prefill tokens and their attention, decode tokens and the KV
+    they read) is spread evenly over S steps, each priced by the profile's
+    own step model (`Profile.step_time`), and S is chosen to minimise the
+    total: at least the token budget's worth of steps, the longest
+    sibling's output chain, and enough steps that no more than
+    `max_decodes` sequences decode at once. Fewer, fuller steps share the
+    weight reads; more, smaller decode batches read KV more cheaply where
+    the engine's KV cost per token grows with the batch (vLLM on an H100).
+    """
+    from langgraph_batch.emulator.costs import StepShape
+
+    if profile.zero:
+        return 0.0, 0
+    total = prefill_tokens + decode_tokens
+    s_min = max(1, math.ceil(total / budget), chain, math.ceil(decode_tokens / max(1, max_decodes)))
+    s_max = max(s_min, decode_tokens, math.ceil(total / budget))
+    candidates = {s_min, s_max}
+    s = float(s_min)
+    while s < s_max:
+        candidates.add(round(s))
+        s *= 1.03
+    best: tuple[float, int] | None = None
+    for steps in sorted(candidates):
+        decodes = decode_tokens / steps
+        shape = StepShape(
+            num_tokens=max(1, round(total / steps)),
+            num_seqs=max(1, round(decodes + prefills / steps)),
+            num_sampled=max(1, round(decodes + prefills / steps)),
+            prefill_attn_units=attn_units / steps,
+            decode_kv_tokens=round(decode_kv / steps),
+            num_decodes=round(decodes),
+        )
+        time = steps * profile.step_time(shape)
+        if best is None or time < best[0]:
+            best = (time, steps)
+    assert best is not None
+    return best
+
+
 def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
     """The `ideal` entry of the results JSON (times in emulated seconds).
 
@@ -117,7 +170,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
                 f"{wl.replicas} replicas, perfect affinity (benchmarks/contenders/ideal.py)"
             ),
         }
-    from langgraph_batch.emulator.costs import StepShape, get_profile
+    from langgraph_batch.emulator.costs import get_profile
     from langgraph_batch.emulator.tokenizer import count_tokens, render_chat
 
     profile = get_profile(wl.profile)
@@ -144,6 +197,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
     decode_kv = 0.0
     chain = 0
     critical = 0.0
+    own_kv = 0  # the most KV one sibling holds beside the shared prefix
     budget = MAX_BATCHED_TOKENS
     # Siblings differ only in their key and filler words: sample a few to size them.
     sample = sorted({0, n - 1, *range(0, n, max(1, n // 16))})
@@ -178,35 +232,23 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
             if k < len(keys):
                 path += tool_cfg.latency_for(keys[k])
             resident = prompt + out
+            own_kv = max(own_kv, resident - shared)
         chain = max(chain, length)
         critical = max(critical, path)
 
-    total_tokens = prefill_tokens + decode_tokens
-    steps = max(math.ceil(total_tokens / budget), chain)
-    per_step_tokens = total_tokens / steps
-    # Every step: fixed cost + linear layers at its share of the tokens + LM head.
-    base = profile.step_time(
-        StepShape(
-            num_tokens=max(1, round(per_step_tokens)),
-            num_seqs=1,
-            num_sampled=max(1, round(decode_tokens / steps)),
-        )
+    # No more siblings decode at once than the KV cache holds (shared prefix once).
+    kv_capacity = wl.kv_tokens if wl.kv_tokens is not None else profile.kv_tokens
+    max_decodes = max(1, min(n, (kv_capacity - shared) // max(1, own_kv)))
+    work, steps = work_bound(
+        profile,
+        prefill_tokens=prefill_tokens,
+        prefills=n * len(per_sibling[0][0]) + 1,
+        attn_units=attn_units,
+        decode_tokens=decode_tokens,
+        decode_kv=decode_kv,
+        chain=chain,
+        max_decodes=max_decodes,
     )
-    work = steps * base
-    if not profile.zero:
-        work += (
-            4.0
-            * profile.layers
-            * profile.hidden
-            * attn_units
-            / (profile.peak_flops * profile.attn_flops_efficiency)
-        )
-        work += (
-            profile.kv_bytes_per_token
-            * decode_kv
-            / (profile.peak_bandwidth * profile.kv_read_efficiency)
-        )
-        work += profile.per_seq_ms / 1e3 * decode_tokens
     makespan = max(work, critical)
     del count_tokens
     return {
@@ -217,6 +259,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "decode_tokens": decode_tokens,
         "shared_prefix_tokens": shared,
         "steps": steps,
+        "max_concurrent_decodes": max_decodes,
         "profile": profile.name,
         "note": "lower bound from the emulator cost model (benchmarks/contenders/ideal.py)",
     }

@@ -20,22 +20,30 @@ class LgbState(TypedDict, total=False):
     results: list[Any]
 
 
-def make_llm(job: dict[str, Any]) -> Any:
+def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
     """BatchedChatModel pointed at the (emulated) server, as a user would configure it.
 
     The URL scheme follows the server (`vllm://` or `sglang://`, where the
     scheduler's prefix warming is on by default); several replicas (W4) are a
     host list, `vllm://h1,h2,h3,h4` (an `EndpointPool`, affinity routing by
     default). The `langgraph-batch-rr` contender passes `routing="round_robin"`
-    through `backend_from_url`.
+    through `backend_from_url`. `answer=True`: the forced answer turn's model
+    (None when shapes are not forced); it shares the scheduler of the other.
     """
+    from benchmarks.contenders._graph import forced_answer_options
     from langgraph_batch.backends import backend_from_url
     from langgraph_batch.chat_model import BatchedChatModel
 
     extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
+    max_tokens = job["max_tokens"]
+    if answer:
+        forced = forced_answer_options(job | {"extra_body": extra})
+        if forced is None:
+            return None
+        max_tokens, extra = forced["max_tokens"], forced["extra_body"]
     urls = job.get("llm_urls") or [job["llm_url"]]
     hosts = ",".join(u.split("://", 1)[1].rstrip("/") for u in urls)
-    url = f"{job.get('flavor') or 'vllm'}://{hosts}"
+    url = job.get("lgb_url") or f"{job.get('flavor') or 'vllm'}://{hosts}"
     options: dict[str, Any] = {}
     if job.get("lgb_options"):
         # Diagnostics only (`--lgb-option`): the reported runs use the defaults.
@@ -47,21 +55,22 @@ def make_llm(job: dict[str, Any]) -> Any:
     return BatchedChatModel(  # type: ignore[call-arg]  # pydantic fields mypy sees as aliases
         model=job["model"],
         temperature=0.0,
-        max_tokens=job["max_tokens"],
+        max_tokens=max_tokens,
         extra_body=extra,
         **options,
     )
 
 
-def build(job: dict[str, Any], llm: Any, tools: list[Any]) -> Any:
+def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = None) -> Any:
     """Parent graph with one fan_out node over the tasks."""
     from langgraph.graph import END, START, StateGraph
 
-    from benchmarks.contenders._graph import build_agent, initial_messages
+    from benchmarks.contenders._graph import build_agent, initial_messages, record_tool_call
     from langgraph_batch.nodes.fan_out import fan_out
     from langgraph_batch.tools import BatchToolNode
 
-    agent = build_agent(llm, BatchToolNode(tools) if tools else _no_tools())
+    tool_node = BatchToolNode(tools, awrap_tool_call=record_tool_call) if tools else _no_tools()
+    agent = build_agent(llm, tool_node, answer_llm=answer_llm, turns=job["turns"])
 
     def make_input(item: dict[str, Any], index: int) -> dict[str, Any]:
         return {"messages": initial_messages(job, item["index"]), "index": item["index"]}
@@ -92,17 +101,18 @@ def _no_tools() -> Any:
 def main() -> None:
     job = read_job()
     from benchmarks.contenders._common import RECORDER
-    from benchmarks.contenders._graph import bind, make_http_client, make_tools
+    from benchmarks.contenders._graph import bind, bind_answer, make_http_client, make_tools
     from langgraph_batch.nodes.fan_out import SiblingError
     from langgraph_batch.tools import coalesce
 
     client = make_http_client()
     base = make_llm(job)
+    answer_base = make_llm(job, answer=True)
 
     async def run(job: dict[str, Any]) -> None:
         tools = [coalesce(t) for t in make_tools(job, client)]
         llm = bind(base, tools, job)
-        graph = build(job, llm, tools)
+        graph = build(job, llm, tools, bind_answer(answer_base, tools))
         tasks = [{"index": i} for i in range(len(job["tasks"]))]
         out = await graph.ainvoke({"tasks": tasks}, {"recursion_limit": 10_000})
         for i, r in enumerate(out.get("results") or []):

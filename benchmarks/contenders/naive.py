@@ -16,12 +16,18 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
 from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
-from benchmarks.contenders._graph import ParentState, build_agent, initial_messages
+from benchmarks.contenders._graph import (
+    ParentState,
+    build_agent,
+    initial_messages,
+    record_tool_call,
+)
 
 
-def build(job: dict[str, Any], llm: Any, tools: list[Any]) -> Any:
+def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = None) -> Any:
     """The parent graph: Send one branch per task to the agent subgraph."""
-    agent = build_agent(llm, ToolNode(tools) if tools else _no_tools())
+    tool_node = ToolNode(tools, awrap_tool_call=record_tool_call) if tools else _no_tools()
+    agent = build_agent(llm, tool_node, answer_llm=answer_llm, turns=job["turns"])
 
     async def run_agent(state: dict[str, Any]) -> dict[str, Any]:
         index = state["index"]
@@ -49,17 +55,28 @@ def _no_tools() -> Any:
     return unreachable
 
 
-def make_llm(job: dict[str, Any], url: str | None = None) -> Any:
-    """ChatOpenAI pointed at the (emulated) server, as a user would configure it."""
+def make_llm(job: dict[str, Any], url: str | None = None, *, answer: bool = False) -> Any:
+    """ChatOpenAI pointed at the server, as a user would configure it.
+
+    `answer=True`: the forced answer turn's model (None when shapes are not forced).
+    """
     from langchain_openai import ChatOpenAI
 
+    from benchmarks.contenders._graph import forced_answer_options
+
     extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
+    max_tokens = job["max_tokens"]
+    if answer:
+        forced = forced_answer_options(job | {"extra_body": extra})
+        if forced is None:
+            return None
+        max_tokens, extra = forced["max_tokens"], forced["extra_body"]
     return ChatOpenAI(
         model=job["model"],
         base_url=(url or job["llm_url"]).rstrip("/") + "/v1",
         api_key="x",  # type: ignore[arg-type]
         temperature=0.0,
-        max_tokens=job["max_tokens"],  # type: ignore[call-arg]
+        max_tokens=max_tokens,  # type: ignore[call-arg]
         timeout=600.0,
         max_retries=2,
         extra_body=extra,
@@ -84,7 +101,7 @@ def round_robin(llms: list[Any]) -> Any:
 
 def main() -> None:
     job = read_job()
-    from benchmarks.contenders._graph import bind, make_http_client, make_tools
+    from benchmarks.contenders._graph import bind, bind_answer, make_http_client, make_tools
 
     client = make_http_client()
 
@@ -92,7 +109,12 @@ def main() -> None:
         tools = make_tools(job, client)
         urls = job.get("llm_urls") or [job["llm_url"]]
         llm = round_robin([bind(make_llm(job, u), tools, job) for u in urls])
-        graph = build(job, llm, tools)
+        answer_llm = None
+        if job.get("forced_shapes"):
+            answer_llm = round_robin(
+                [bind_answer(make_llm(job, u, answer=True), tools) for u in urls]
+            )
+        graph = build(job, llm, tools, answer_llm)
         config: dict[str, Any] = {"recursion_limit": 10_000}
         if job.get("max_concurrency"):
             config["max_concurrency"] = int(job["max_concurrency"])

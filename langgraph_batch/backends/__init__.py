@@ -27,6 +27,7 @@ from langgraph_batch.backends.base import (
     ToolCallChunk,
     Usage,
 )
+from langgraph_batch.backends.langchain import LangChainBackend
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
 from langgraph_batch.backends.pool import EndpointPool
 from langgraph_batch.backends.sglang import SGLangBackend
@@ -40,6 +41,7 @@ __all__ = (
     "ChatResponse",
     "EndpointPool",
     "EngineMetrics",
+    "LangChainBackend",
     "ModelInfo",
     "OpenAICompatibleBackend",
     "SGLangBackend",

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from langgraph_batch.backends.base import Backend
-from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend, normalize_base_url
+from langgraph_batch.backends.openai_compat import (
+    OpenAICompatibleBackend,
+    credentials_hash,
+    normalize_base_url,
+)
 from langgraph_batch.backends.pool import EndpointPool
 from langgraph_batch.backends.sglang import SGLangBackend
 from langgraph_batch.backends.vllm import VLLMBackend
 
-__all__ = ("backend_from_url", "backend_key")
+__all__ = ("backend_from_url", "backend_key", "check_api_key")
 
 _ACCEPTED = (
     "http://host:port[/v1] or https://host[/v1] (any OpenAI-compatible server), "
@@ -55,9 +60,10 @@ def backend_from_url(
             `sglang://host:port` (`vllm+https://` and `sglang+https://` for TLS).
             Several comma-separated hosts after one scheme
             (`vllm://h1:8000,h2:8000`) build an `EndpointPool` of that class.
-        api_key: sent as a Bearer token.
+        api_key: sent as a Bearer token (required for `openai://`).
         timeout: read timeout per call, seconds.
-        **options: passed to the backend class (e.g. `priority_scheduling=True`);
+        **options: passed to the backend class (e.g. `priority_scheduling=True`,
+            `headers=`, `query=`, `limits=`, `pool_timeout=`);
             `routing`, `load_factor`, `cooldown_s`, `max_cooldown_s`,
             `virtual_nodes` and `max_affinity_keys` go to the `EndpointPool`
             of a host list (and are ignored for a single host).
@@ -67,10 +73,11 @@ def backend_from_url(
         `EndpointPool` of them for a host list.
 
     Raises:
-        ValueError: the URL has no host (or an empty entry in a host list) or an
-            unknown scheme.
+        ValueError: the URL has no host (or an empty entry in a host list), an
+            unknown scheme, or is `openai://` without an `api_key`.
     """
     cls, http_scheme, hosts = _parse(url)
+    check_api_key(url, api_key)
     pool_options = {k: options.pop(k) for k in _POOL_OPTIONS & options.keys()}
     if len(hosts) == 1:
         return cls(f"{http_scheme}://{hosts[0]}", api_key=api_key, timeout=timeout, **options)
@@ -80,22 +87,48 @@ def backend_from_url(
     return EndpointPool(members, **pool_options)
 
 
-def backend_key(url: str, *, routing: str = "affinity") -> str:
-    """The `Backend.key` that `backend_from_url(url)` would have, without building it.
+def check_api_key(url: str, api_key: str | None) -> None:
+    """Refuse `openai://` without a key: that server always needs one.
 
-    Schedulers are shared by backend key; this lets a chat model find its
-    scheduler without opening an HTTP client.
+    Raises:
+        ValueError: the URL is `openai://...` and `api_key` is empty.
+    """
+    if not api_key and isinstance(url, str) and url.lower().startswith("openai://"):
+        raise ValueError(
+            f"{url!r} needs an API key: pass api_key=... or set OPENAI_API_KEY (or "
+            "LGB_API_KEY); for a local server without keys use http:// or vllm://"
+        )
+
+
+def backend_key(
+    url: str,
+    *,
+    routing: str = "affinity",
+    api_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    query: Mapping[str, Any] | None = None,
+) -> str:
+    """The `Backend.key` that `backend_from_url(url, ...)` would have, without building it.
+
+    Schedulers (and their HTTP clients) are shared by backend key: the key
+    names the endpoint and holds a digest of the credentials, headers and query
+    (`credentials_hash`), never the secrets, so callers with different keys
+    never share a client. This lets a chat model find its scheduler without
+    opening an HTTP client.
 
     Example:
         ```python
         backend_key("vllm://127.0.0.1:8000/v1")  # "VLLMBackend:http://127.0.0.1:8000"
+        backend_key("vllm://127.0.0.1:8000", api_key="sk-1")  # "...:8000#<16 hex digits>"
         ```
 
     Raises:
         ValueError: the URL is not one `backend_from_url` accepts (names it).
     """
     cls, http_scheme, hosts = _parse(url)
-    keys = [f"{cls.__name__}:{normalize_base_url(f'{http_scheme}://{h}')}" for h in hosts]
+    digest = credentials_hash(api_key, headers, query)
+    suffix = "" if digest is None else f"#{digest}"
+    keys = [f"{cls.__name__}:{normalize_base_url(f'{http_scheme}://{h}')}{suffix}" for h in hosts]
     if len(keys) == 1:
         return keys[0]
     return f"EndpointPool({routing}):{','.join(sorted(keys))}"

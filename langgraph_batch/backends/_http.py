@@ -1,25 +1,29 @@
-"""HTTP plumbing shared by the backends: client settings and error translation.
+"""HTTP plumbing shared by the backends: client settings and HTTP status errors.
 
-Everything that turns an `httpx` failure or an HTTP error status into the
-`langgraph_batch.errors` tree lives here, so every backend reports the same
-failure the same way:
+Client settings: `normalize_base_url` (validated), `make_timeout`,
+`credentials_hash` (what decides which callers may share a client),
+`env_proxy`.
 
-- `map_transport_errors()` is the single context manager that translates
-  transport exceptions (`raise Mapped(msg) from exc`, like httpx's
-  `map_httpcore_exceptions`).
+Everything that turns an HTTP error status into the `langgraph_batch.errors`
+tree lives here, so every backend reports the same failure the same way
+(transport failures are mapped in `_transport.py`):
+
 - `error_from_response()` turns an HTTP error status and its body into an
-  exception; it parses `Retry-After` and the servers' context-length messages.
+  exception; it parses `Retry-After` and the servers' context-length messages,
+  and sums an HTML or plain-text body up in one line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
+import hashlib
+import html
 import json
 import re
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -27,32 +31,27 @@ import httpx
 from langgraph_batch.errors import (
     BackendAuthenticationError,
     BackendBadRequestError,
-    BackendConnectionError,
     BackendError,
     BackendRateLimitError,
     BackendServerError,
-    BackendStreamError,
-    BackendTimeoutError,
     ContextLengthExceededError,
     ModelNotFoundError,
 )
 
 __all__ = (
     "DEFAULT_CONNECT_TIMEOUT",
-    "DEFAULT_LIMITS",
+    "check_str_map",
+    "credentials_hash",
+    "env_proxy",
     "error_from_response",
     "is_route_not_found",
     "make_request_id",
     "make_timeout",
-    "map_transport_errors",
+    "normalize_base_url",
     "parse_context_length_message",
     "parse_retry_after",
+    "summarize_body",
 )
-
-DEFAULT_LIMITS = httpx.Limits(
-    max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=60.0
-)
-"""Many concurrent requests to one server: one connection per in-flight request."""
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
@@ -60,21 +59,101 @@ _BODY_LIMIT = 2000
 
 
 def make_timeout(
-    timeout: float | None, *, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    timeout: float | None,
+    *,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    pool_timeout: float | None = None,
 ) -> httpx.Timeout:
     """Transport limits: `timeout` bounds each read (a generation may take long).
 
-    The pool timeout is None: the scheduler bounds concurrency, so waiting for a
-    pooled connection only happens beyond `max_connections`.
+    `pool_timeout` bounds the wait for a free connection (beyond
+    `max_connections`); the transport raises `PoolTimeoutError` when it expires.
 
     Raises:
         ValueError: when a timeout is not a positive number.
     """
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-    if not connect_timeout > 0:
+    for name, value in (("timeout", timeout), ("pool_timeout", pool_timeout)):
+        if value is not None and (isinstance(value, bool) or not value > 0):
+            raise ValueError(f"{name} must be > 0 seconds or None, got {value!r}")
+    if isinstance(connect_timeout, bool) or not connect_timeout > 0:
         raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout!r}")
-    return httpx.Timeout(connect=connect_timeout, read=timeout, write=timeout, pool=None)
+    return httpx.Timeout(connect=connect_timeout, read=timeout, write=timeout, pool=pool_timeout)
+
+
+def credentials_hash(
+    api_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    query: Mapping[str, Any] | None = None,
+) -> str | None:
+    """A short, one-way digest of what authenticates and distinguishes a client.
+
+    Schedulers and HTTP clients are shared only by callers whose endpoint and
+    digest match; the digest (a sha256 prefix) is safe to log, the secrets are
+    never kept in a key.
+
+    Returns:
+        16 hex characters, or None when there is no key, header or query.
+
+    Example:
+        ```python
+        credentials_hash("sk-1") != credentials_hash("sk-2")  # True
+        ```
+    """
+    if not api_key and not headers and not query:
+        return None
+    h = hashlib.sha256()
+    h.update(b"key\x00" + (api_key or "").encode())
+    for name, value in sorted((str(k).lower(), str(v)) for k, v in (headers or {}).items()):
+        h.update(b"\x00h\x00" + name.encode() + b"\x00" + value.encode())
+    for name, value in sorted((str(k), str(v)) for k, v in (query or {}).items()):
+        h.update(b"\x00q\x00" + name.encode() + b"\x00" + value.encode())
+    return h.hexdigest()[:16]
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY)."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies:
+        return None
+    parsed = httpx.URL(url)
+    if urllib.request.proxy_bypass_environment(parsed.host, proxies):  # type: ignore[attr-defined]
+        return None
+    return proxies.get(parsed.scheme) or proxies.get("all")
+
+
+def normalize_base_url(url: str) -> str:
+    """The server root without a trailing `/` or `/v1` (endpoints add `/v1/...`).
+
+    Raises:
+        ValueError: when `url` is not an http(s) URL with a host and a port in 1..65535.
+    """
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(
+            f"base_url must be an http(s) URL such as http://127.0.0.1:8000 or "
+            f"http://127.0.0.1:8000/v1, got {url!r}"
+        )
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"base_url {url!r} is not a valid URL: {exc}") from None
+    if not parsed.host:
+        raise ValueError(f"base_url {url!r} has no host; use http://host:port")
+    port = parsed.port
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"base_url {url!r} has port {port}; a port must be in 1..65535")
+    return url
+
+
+def check_str_map(name: str, value: Mapping[str, str] | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"{name} must map header names to string values")
 
 
 def make_request_id(*, sibling_id: str | None = None, turn: int | None = None) -> str:
@@ -95,68 +174,6 @@ def make_request_id(*, sibling_id: str | None = None, turn: int | None = None) -
         parts.append(f"t{turn}")
     parts.append(secrets.token_hex(4))
     return "-".join(parts)
-
-
-@contextlib.contextmanager
-def map_transport_errors(
-    url: object,
-    *,
-    request_id: str | None = None,
-    read_timeout: float | None = None,
-) -> Iterator[None]:
-    """Translate `httpx` transport exceptions into the error tree.
-
-    Args:
-        url: the URL being called (for the message).
-        request_id: the request id sent, if any.
-        read_timeout: the read timeout in force (for the message).
-
-    Raises:
-        BackendTimeoutError: connect, read, write or pool timeout.
-        BackendStreamError: the response body could not be decoded.
-        BackendConnectionError: refused, reset, DNS failure, protocol error.
-    """
-    try:
-        yield
-    except httpx.ConnectTimeout as exc:
-        raise BackendTimeoutError(
-            f"connecting to {url} timed out: is the server up and reachable? check base_url",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.TimeoutException as exc:
-        raise BackendTimeoutError(
-            f"{url} did not answer within the read timeout ({read_timeout} s): the server "
-            "is overloaded or the generation is long; raise `timeout=` or lower the load",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.ConnectError as exc:
-        raise BackendConnectionError(
-            f"could not connect to {url} ({exc}): is the server running? check base_url",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.DecodingError as exc:
-        raise BackendStreamError(
-            f"could not decode the response from {url}: {exc}",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.UnsupportedProtocol as exc:
-        raise BackendConnectionError(
-            f"cannot call {url}: {exc}; base_url must start with http:// or https://",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
-    except httpx.TransportError as exc:
-        # ReadError, WriteError, RemoteProtocolError, CloseError, ProxyError, ...
-        raise BackendConnectionError(
-            f"the connection to {url} failed ({type(exc).__name__}: {exc}): the server "
-            "closed or reset it; check that it is still running",
-            url=str(url),
-            request_id=request_id,
-        ) from exc
 
 
 # ---------------------------------------------------------------------------- status -> error
@@ -267,13 +284,47 @@ def parse_context_length_message(message: str) -> tuple[bool, int | None, int | 
     return True, None, None
 
 
-def _error_message(body: bytes) -> tuple[str, Any]:
-    """Extract the human message from an error body (OpenAI, FastAPI or plain text)."""
-    text = body[:_BODY_LIMIT].decode("utf-8", "replace").strip()
+_SUMMARY_LIMIT = 200
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_HEADING = re.compile(r"<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]+>")
+_SPACE = re.compile(r"\s+")
+
+
+def summarize_body(body: bytes, content_type: str | None = None) -> str:
+    """One line that says what a non-JSON body is (an HTML error page, plain text).
+
+    An HTML page becomes `HTML page: <title or first heading>`; other text its
+    first 200 characters with whitespace collapsed.
+
+    Example:
+        ```python
+        summarize_body(b"<html><title>502 Bad Gateway</title>...</html>")
+        # 'HTML page: 502 Bad Gateway'
+        ```
+    """
+    text = body[: _BODY_LIMIT * 8].decode("utf-8", "replace")
+    stripped = text.lstrip()
+    is_html = (content_type or "").lower().startswith("text/html") or stripped[:1] == "<"
+    if is_html:
+        m = _TITLE.search(text) or _HEADING.search(text)
+        inner = m.group(1) if m else _TAG.sub(" ", text)
+        line = _SPACE.sub(" ", html.unescape(_TAG.sub(" ", inner))).strip()
+        line = line[:_SUMMARY_LIMIT] + ("..." if len(line) > _SUMMARY_LIMIT else "")
+        return f"HTML page: {line}" if line else "an HTML page"
+    line = _SPACE.sub(" ", stripped).strip()
+    if not line:
+        return "an empty body"
+    return line[:_SUMMARY_LIMIT] + ("..." if len(line) > _SUMMARY_LIMIT else "")
+
+
+def _error_message(body: bytes, content_type: str | None = None) -> tuple[str, Any]:
+    """Extract the human message from an error body (OpenAI, FastAPI, HTML or plain text)."""
     try:
         data = json.loads(body)
     except ValueError:
-        return text, None
+        return summarize_body(body, content_type), None
+    text = body[:_BODY_LIMIT].decode("utf-8", "replace").strip()
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
@@ -324,7 +375,8 @@ def error_from_response(
     Returns:
         The mapped exception (not raised).
     """
-    message, _ = _error_message(body)
+    message, _ = _error_message(body, headers.get("content-type"))
+    message = _SPACE.sub(" ", message).strip()
     short = message if len(message) <= 500 else message[:500] + "..."
     body_text = body[:_BODY_LIMIT].decode("utf-8", "replace")
     kw: dict[str, Any] = {

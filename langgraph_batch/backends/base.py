@@ -14,9 +14,12 @@ response_format, ...) exactly as it goes on the wire.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
+
+from langgraph_batch.errors import BackendError
 
 __all__ = (
     "Backend",
@@ -63,6 +66,9 @@ class ChatRequest:
     """Our priority, LOWER runs sooner (vLLM's convention). Backends map it."""
     timeout: float | None = None
     """Read timeout for this call, seconds (None: the backend's default)."""
+    stream_chunk_timeout: float | None = None
+    """Streaming only: the longest wait between two stream events, seconds
+    (None or 0: no limit); `StreamChunkTimeoutError` when it passes."""
     batchable: bool = False
     """True when this request may be merged with others into one HTTP call
     (no tools, no streaming, single turn); set by the caller, used by the
@@ -96,6 +102,9 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int | None = None
     """`usage.prompt_tokens_details.cached_tokens` (None: not reported)."""
+    estimated: bool = False
+    """True when the figures are this request's share of a batched call's totals
+    (the server reports usage per call; see `backends/_batching.py`)."""
 
     @property
     def total_tokens(self) -> int:
@@ -149,6 +158,10 @@ class EngineMetrics:
     prefix_caching: bool | None = None
     cache_hit_rate: float | None = None
     """Prefix-cache hit rate 0..1 (vLLM: hits/queries since start; SGLang: its gauge)."""
+    engines: int | None = None
+    """How many engines the counts are summed over (the replicas of a pool, the
+    data-parallel engines of one vLLM server); None: one. The decode cap is
+    learned per engine."""
 
 
 @dataclass(**_DC_KWARGS)
@@ -215,8 +228,42 @@ class Backend(abc.ABC):
 
         The default runs them one by one; vLLM sends one `/v1/completions`
         list-prompt call. Results come back in input order.
+
+        Raises:
+            BackendError: the first request's failure (see `complete_batch_settled`
+                for one outcome per request).
         """
-        return [await self.chat(r) for r in requests]
+        if type(self).complete_batch_settled is Backend.complete_batch_settled:
+            return [await self.chat(r) for r in requests]
+        outcomes = await self.complete_batch_settled(requests)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes  # type: ignore[return-value]
+
+    async def complete_batch_settled(
+        self, requests: Sequence[ChatRequest]
+    ) -> list[ChatResponse | BackendError]:
+        """Like `complete_batch`, but each request gets its own response or error.
+
+        The scheduler calls this, so that one bad request of a batch fails only
+        its own caller. The default calls an overridden `complete_batch` (its
+        error then goes to every request), else runs the requests concurrently
+        one by one.
+
+        Returns:
+            One `ChatResponse` or `BackendError` per request, in input order.
+        """
+        if type(self).complete_batch is not Backend.complete_batch:
+            try:
+                return list(await self.complete_batch(requests))
+            except BackendError as exc:
+                return [exc] * len(requests)
+        results = await asyncio.gather(*(self.chat(r) for r in requests), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, BackendError):
+                raise result
+        return list(results)  # type: ignore[arg-type]
 
     async def metrics(self) -> EngineMetrics | None:
         """Current engine load, or None when the server exposes none."""

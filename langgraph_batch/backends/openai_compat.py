@@ -6,15 +6,14 @@ requests that carry a raw `params["prompt"]`, `/v1/models` and `/health`.
 Per-request work is kept small: the body is serialised once with `json.dumps`,
 responses are read with `json.loads` on bytes, and no models are validated.
 
-Requests are spread over several small `httpx.AsyncClient`s (`_ClientShards`):
-httpcore's pool does O(requests x connections) bookkeeping on every request
-event, so one client with hundreds of requests in flight spends most of the
-process's CPU there. Shards of at most `SHARD_CONNECTIONS` connections keep that
-cost flat; together they never hold more than `limits.max_connections`.
+Every request goes through one `ShardedTransport` (`backends/_transport.py`):
+small connection pools, a pool timeout, cancellation-safe cleanup and the one
+transport-error map, streams included.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -24,16 +23,27 @@ import httpx
 
 from langgraph_batch.backends._http import (
     DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_LIMITS,
+    check_str_map,
+    credentials_hash,
+    env_proxy,
     error_from_response,
     make_timeout,
-    map_transport_errors,
+    normalize_base_url,
+    summarize_body,
 )
 from langgraph_batch.backends._sse import (
     ChatStreamAccumulator,
     SSEDecoder,
     parse_tool_calls,
     parse_usage,
+)
+from langgraph_batch.backends._transport import (
+    DEFAULT_LIMITS,
+    DEFAULT_POOL_TIMEOUT,
+    SHARD_CONNECTIONS,
+    CallInfo,
+    ShardedTransport,
+    map_transport_errors,
 )
 from langgraph_batch.backends.base import (
     Backend,
@@ -49,9 +59,15 @@ from langgraph_batch.errors import (
     BackendServerError,
     BackendStreamError,
     BackendTimeoutError,
+    StreamChunkTimeoutError,
 )
 
-__all__ = ("SHARD_CONNECTIONS", "OpenAICompatibleBackend", "normalize_base_url")
+__all__ = (
+    "SHARD_CONNECTIONS",
+    "OpenAICompatibleBackend",
+    "credentials_hash",
+    "normalize_base_url",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,142 +77,9 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json
 # encoding detection (a few microseconds per event).
 _decode_json = json.JSONDecoder().decode
 
-
-SHARD_CONNECTIONS = 8
-"""Connections per `httpx.AsyncClient` shard (httpcore's per-event cost grows with its square).
-
-Measured with `benchmarks/http_pool_overhead.py`: 8 costs about a quarter of the
-client CPU per request of 32 (idle connections are rescanned on every event).
-"""
-
-
-class _Shard:
-    """One `httpx.AsyncClient`, its connection cap and the requests it carries now."""
-
-    __slots__ = ("capacity", "client", "inflight")
-
-    def __init__(self, client: httpx.AsyncClient, capacity: int | None) -> None:
-        self.client = client
-        self.capacity = capacity
-        self.inflight = 0
-
-
-class _ClientShards:
-    """Small `AsyncClient`s that together respect one set of connection limits.
-
-    Shard `i` gets `min(shard_connections, what is left of max_connections)`
-    connections and a proportional share of the keep-alive connections; shards
-    are created on demand, when every existing one carries as many requests as
-    it has connections. A request takes the least-loaded shard and keeps it for
-    its whole life (`acquire` ... `release`), streams included. Beyond the total
-    limit requests queue in their shard's pool, as they did in a single client.
-
-    Args:
-        make_client: builds a client with the given limits.
-        limits: the limits of all shards together.
-        shard_connections: connections per shard; None: one client, no sharding
-            (a caller-supplied transport does its own pooling).
-    """
-
-    __slots__ = ("_keepalive_left", "_left", "_limits", "_make", "_size", "shards")
-
-    def __init__(
-        self,
-        make_client: Callable[[httpx.Limits], httpx.AsyncClient],
-        limits: httpx.Limits,
-        shard_connections: int | None = SHARD_CONNECTIONS,
-    ) -> None:
-        if shard_connections is not None and shard_connections < 1:
-            raise ValueError(f"shard_connections must be >= 1, got {shard_connections}")
-        self._make = make_client
-        self._limits = limits
-        self._size = shard_connections
-        self._left = limits.max_connections
-        self._keepalive_left = limits.max_keepalive_connections
-        self.shards: list[_Shard] = []
-        self._add()
-
-    def _add(self) -> _Shard:
-        limits = self._limits
-        total = limits.max_connections
-        if self._size is None or (total is not None and total <= self._size):
-            capacity, shard_limits = total, limits
-            self._left = 0
-            self._keepalive_left = 0
-        else:
-            capacity = self._size if self._left is None else min(self._size, self._left)
-            keepalive: int | None = None
-            if self._keepalive_left is not None:
-                share = (
-                    capacity
-                    if total is None
-                    else max(1, limits.max_keepalive_connections * capacity // total)  # type: ignore[operator]
-                )
-                keepalive = min(capacity, share, self._keepalive_left)
-                self._keepalive_left -= keepalive
-            if self._left is not None:
-                self._left -= capacity
-            shard_limits = httpx.Limits(
-                max_connections=capacity,
-                max_keepalive_connections=keepalive,
-                keepalive_expiry=limits.keepalive_expiry,
-            )
-        shard = _Shard(self._make(shard_limits), capacity)
-        self.shards.append(shard)
-        return shard
-
-    @property
-    def primary(self) -> httpx.AsyncClient:
-        """The first client (for the occasional GET)."""
-        return self.shards[0].client
-
-    def acquire(self) -> _Shard:
-        """The shard for one request (call `release` when it is done)."""
-        shards = self.shards
-        best = shards[0]
-        if len(shards) > 1:
-            for shard in shards:
-                if shard.inflight < best.inflight:
-                    best = shard
-        cap = best.capacity
-        if (
-            cap is not None
-            and best.inflight >= cap
-            and self._size is not None
-            and (self._left is None or self._left > 0)
-        ):
-            best = self._add()
-        best.inflight += 1
-        return best
-
-    @staticmethod
-    def release(shard: _Shard) -> None:
-        """The request on `shard` is over (its connection is back in the pool)."""
-        shard.inflight -= 1
-
-    async def aclose(self) -> None:
-        """Close every client (their open streams too)."""
-        for shard in self.shards:
-            await shard.client.aclose()
-
-
-def normalize_base_url(url: str) -> str:
-    """The server root without a trailing `/` or `/v1` (endpoints add `/v1/...`).
-
-    Raises:
-        ValueError: when `url` is not an http(s) URL with a host.
-    """
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(
-            f"base_url must be an http(s) URL such as http://127.0.0.1:8000 or "
-            f"http://127.0.0.1:8000/v1, got {url!r}"
-        )
-    url = url.rstrip("/")
-    if url.endswith("/v1"):
-        url = url[:-3]
-    if not httpx.URL(url).host:
-        raise ValueError(f"base_url {url!r} has no host; use http://host:port")
-    return url
+# After [DONE], read what is left of the body for at most this long, so that
+# the connection goes back to the pool instead of being closed.
+_DRAIN_S = 0.1
 
 
 def _json_default(obj: object) -> object:
@@ -232,14 +115,20 @@ class OpenAICompatibleBackend(Backend):
         timeout: read/write timeout per call, seconds (None: no limit). A request's
             own `timeout` overrides it.
         connect_timeout: connect timeout, seconds.
-        limits: connection pool limits of all the backend's clients together
-            (default: 1024 connections, keep-alive); spread over clients of at most
+        limits: connection pool limits of all the backend's pools together
+            (default: 1024 connections, keep-alive); spread over pools of at most
             `SHARD_CONNECTIONS` connections each.
         headers: extra headers sent with every request.
-        transport: an `httpx` transport (tests pass `httpx.MockTransport`).
+        query: query parameters added to every request URL (not for secrets:
+            httpx logs URLs at INFO).
+        transport: an `httpx` transport used instead of the connection pools
+            (tests pass `httpx.MockTransport`); errors are still mapped.
+        pool_timeout: seconds a request waits for a free connection when all
+            `limits.max_connections` carry requests, then `PoolTimeoutError`
+            (None: wait without limit).
 
     Raises:
-        ValueError: on a malformed `base_url` or a non-positive timeout.
+        ValueError: on a malformed `base_url`, a non-positive timeout or bad limits.
     """
 
     capabilities = BackendCapabilities(flavor="openai")
@@ -253,27 +142,50 @@ class OpenAICompatibleBackend(Backend):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         limits: httpx.Limits | None = None,
         headers: Mapping[str, str] | None = None,
+        query: Mapping[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        pool_timeout: float | None = DEFAULT_POOL_TIMEOUT,
     ) -> None:
         self.base_url = normalize_base_url(base_url)
+        if limits is not None and not isinstance(limits, httpx.Limits):
+            raise ValueError(f"limits must be an httpx.Limits, got {type(limits).__name__}")
+        check_str_map("headers", headers)
+        if query is not None and not isinstance(query, Mapping):
+            raise ValueError(f"query must be a mapping of names to values, got {query!r}")
+        if api_key is not None and not isinstance(api_key, str):
+            raise ValueError(f"api_key must be a string or None, got {type(api_key).__name__}")
         self.timeout = timeout
         self._connect_timeout = connect_timeout
+        self._pool_timeout = pool_timeout
         client_headers = dict(_JSON_HEADERS)
         if headers:
             client_headers.update(headers)
         if api_key:
             client_headers["Authorization"] = f"Bearer {api_key}"
-        self._client_headers = client_headers
-        self._client_timeout = make_timeout(timeout, connect_timeout=connect_timeout)
-        self._transport = transport
-        # One TLS context for all shards (building one costs ~50 ms of CPU).
-        self._ssl_context: Any = None
-        self._shards = _ClientShards(
-            self._new_client,
-            limits or DEFAULT_LIMITS,
-            None if transport is not None else SHARD_CONNECTIONS,
+        self._credentials = credentials_hash(api_key, headers, query)
+        ssl_context: Any = None
+        if transport is None and self.base_url.startswith("https://"):
+            # One TLS context for all pools (building one costs ~50 ms of CPU).
+            ssl_context = httpx.create_ssl_context()
+        self._transport = ShardedTransport(
+            limits=limits or DEFAULT_LIMITS,
+            pool_timeout=pool_timeout,
+            ssl_context=ssl_context,
+            proxy=None if transport is not None else env_proxy(self.base_url),
+            inner=transport,
         )
-        self._client = self._shards.primary
+        self._client = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=make_timeout(
+                timeout, connect_timeout=connect_timeout, pool_timeout=pool_timeout
+            ),
+            headers=client_headers,
+            params=dict(query) if query else None,
+            follow_redirects=False,
+            # The transport owns proxies (from the environment) and TLS; never
+            # read credentials from .netrc.
+            trust_env=False,
+        )
         self._closed = False
         api = self.base_url + "/v1"
         self._chat_url = httpx.URL(api + "/chat/completions")
@@ -284,20 +196,22 @@ class OpenAICompatibleBackend(Backend):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
 
-    # ------------------------------------------------------------------ hooks for subclasses
+    @property
+    def key(self) -> str:
+        """The endpoint plus a digest of the credentials, headers and query.
 
-    def _new_client(self, limits: httpx.Limits) -> httpx.AsyncClient:
-        """Build one client shard with `limits` (tests override it)."""
-        if self._transport is None and self._ssl_context is None:
-            self._ssl_context = httpx.create_ssl_context()
-        return httpx.AsyncClient(
-            timeout=self._client_timeout,
-            limits=limits,
-            headers=self._client_headers,
-            transport=self._transport,
-            follow_redirects=False,
-            verify=self._ssl_context if self._transport is None else True,
-        )
+        Models whose backends have equal keys share one scheduler and its HTTP
+        client; the digest never reveals the secret (see `credentials_hash`).
+        """
+        base = f"{type(self).__name__}:{self.base_url}"
+        return base if self._credentials is None else f"{base}#{self._credentials}"
+
+    @property
+    def transport(self) -> ShardedTransport:
+        """The HTTP transport: its `state()` shows connections and repairs."""
+        return self._transport
+
+    # ------------------------------------------------------------------ hooks for subclasses
 
     def _extend_body(self, body: dict[str, Any], request: ChatRequest) -> None:
         """Add server-specific fields (priority, request id) to a request body."""
@@ -317,7 +231,9 @@ class OpenAICompatibleBackend(Backend):
     def _timeout_for(self, request: ChatRequest) -> httpx.Timeout | Any:
         if request.timeout is None:
             return httpx.USE_CLIENT_DEFAULT
-        return make_timeout(request.timeout, connect_timeout=self._connect_timeout)
+        return make_timeout(
+            request.timeout, connect_timeout=self._connect_timeout, pool_timeout=self._pool_timeout
+        )
 
     def _build_body(self, request: ChatRequest) -> dict[str, Any]:
         params = request.params
@@ -394,19 +310,18 @@ class OpenAICompatibleBackend(Backend):
 
     async def _send(self, url: httpx.URL, payload: bytes, request: ChatRequest) -> httpx.Response:
         """POST a JSON body; transport errors mapped, HTTP errors returned as they are."""
-        timeout = self._timeout_for(request)
-        shard = self._shards.acquire()
-        try:
-            with map_transport_errors(
+        rid = request.request_id or None
+        # The transport maps its own failures; this maps what httpx raises above it.
+        with map_transport_errors(
+            url, request_id=rid, read_timeout=request.timeout or self.timeout
+        ):
+            return await self._client.post(
                 url,
-                request_id=request.request_id or None,
-                read_timeout=request.timeout or self.timeout,
-            ):
-                return await shard.client.post(
-                    url, content=payload, headers=self._request_headers(request), timeout=timeout
-                )
-        finally:
-            shard.inflight -= 1
+                content=payload,
+                headers=self._request_headers(request),
+                timeout=self._timeout_for(request),
+                extensions={"lgb": CallInfo(request_id=rid)},
+            )
 
     def _decode(self, response: httpx.Response, url: httpx.URL, request: ChatRequest) -> Any:
         rid = request.request_id or None
@@ -414,8 +329,10 @@ class OpenAICompatibleBackend(Backend):
             return json.loads(response.content)
         except ValueError as exc:
             raise BackendServerError(
-                f"{url} answered HTTP {response.status_code} with a body that is not JSON: "
-                f"{response.content[:200]!r}; is base_url pointing at an OpenAI-compatible server?",
+                f"{url} answered HTTP {response.status_code} with a body that is not JSON "
+                f"({summarize_body(response.content, response.headers.get('content-type'))}); "
+                "the response was cut short, or base_url does not point at an "
+                "OpenAI-compatible server",
                 url=str(url),
                 status_code=response.status_code,
                 request_id=rid,
@@ -458,50 +375,47 @@ class OpenAICompatibleBackend(Backend):
         acc = ChatStreamAccumulator()
         decoder = SSEDecoder()
         done = False
+        info = CallInfo(request_id=rid, stream=True)
+        gap = request.stream_chunk_timeout or None
+        loop = asyncio.get_running_loop()
+        # `async with` closes the response on any exit, cancellation included (the
+        # server sees the disconnect and aborts the generation); the transport maps
+        # every transport failure of the body, with the chunk count from `info`.
         read_timeout = request.timeout or self.timeout
-        # The request keeps its shard until the stream is closed.
-        shard = self._shards.acquire()
-        try:
-            # `async with` closes the connection on any exit, cancellation included, so
-            # the server sees the disconnect and aborts the generation.
-            with map_transport_errors(url, request_id=rid, read_timeout=read_timeout):
-                async with shard.client.stream(
-                    "POST",
-                    url,
-                    content=payload,
-                    headers=self._request_headers(request),
-                    timeout=self._timeout_for(request),
-                ) as response:
-                    if response.status_code >= 400:
-                        await response.aread()
-                        raise await self._error(response, url, request)
-                    try:
+        with map_transport_errors(url, request_id=rid, read_timeout=read_timeout):
+            async with self._client.stream(
+                "POST",
+                url,
+                content=payload,
+                headers=self._request_headers(request),
+                timeout=self._timeout_for(request),
+                extensions={"lgb": info},
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise await self._error(response, url, request)
+                # The longest wait between two stream events (keep-alive comments do
+                # not count), like langchain-openai's `stream_chunk_timeout`.
+                deadline = asyncio.timeout_at(None if gap is None else loop.time() + gap)
+                try:
+                    async with deadline:
                         async for raw in response.aiter_bytes():
+                            if done:
+                                continue  # draining after [DONE]: keep the connection
                             for data in decoder.feed(raw):
                                 if data == b"[DONE]":
                                     done = True
+                                    deadline.reschedule(loop.time() + _DRAIN_S)
                                     break
                                 self._on_event(data, acc, on_chunk, url, rid)
-                            if done:
-                                break
-                    except httpx.TimeoutException as exc:
-                        raise BackendTimeoutError(
-                            f"{url} stopped sending for {read_timeout} s after "
-                            f"{acc.chunks} chunks: raise `timeout=` or lower the load",
-                            url=str(url),
-                            request_id=rid,
-                        ) from exc
-                    except httpx.TransportError as exc:
-                        raise BackendStreamError(
-                            f"the connection to {url} dropped mid-stream after {acc.chunks} "
-                            f"chunks ({type(exc).__name__}: {exc}); the server restarted or "
-                            "a proxy cut the stream",
-                            chunks_received=acc.chunks,
-                            url=str(url),
-                            request_id=rid,
-                        ) from exc
-        finally:
-            shard.inflight -= 1
+                                info.chunks = acc.chunks
+                                if gap is not None:
+                                    deadline.reschedule(loop.time() + gap)
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+                    if not done:
+                        raise self._chunk_timeout(request, url, gap, acc.chunks) from None
         if not done:
             for data in decoder.flush():
                 if data == b"[DONE]":
@@ -517,6 +431,30 @@ class OpenAICompatibleBackend(Backend):
                 request_id=rid,
             )
         return acc.response(request_id=request.request_id, fallback_model=request.model)
+
+    def _chunk_timeout(
+        self, request: ChatRequest, url: httpx.URL, gap: float | None, chunks: int
+    ) -> StreamChunkTimeoutError:
+        logger.warning(
+            "langgraph_batch stream_chunk_timeout fired",
+            extra={
+                "source": "stream_chunk_timeout",
+                "timeout_s": gap,
+                "model_name": request.model,
+                "chunks_received": chunks,
+                "request_id": request.request_id,
+            },
+        )
+        return StreamChunkTimeoutError(
+            f"no stream chunk from {url} for {gap} s (model={request.model}, "
+            f"chunks_received={chunks}): the server is stalled or overloaded. Raise or "
+            "disable `stream_chunk_timeout` (None or 0) if long silences are expected.",
+            timeout_s=gap or 0.0,
+            model_name=request.model,
+            chunks_received=chunks,
+            url=str(url),
+            request_id=request.request_id or None,
+        )
 
     def _on_event(
         self,
@@ -556,6 +494,8 @@ class OpenAICompatibleBackend(Backend):
 
     async def _get(self, url: httpx.URL) -> httpx.Response:
         self._check_open()
+        # The transport gives a GET a free connection like any request, so a
+        # metrics poll never waits behind long-running completions.
         with map_transport_errors(url, read_timeout=self.timeout):
             return await self._client.get(url)
 
@@ -596,7 +536,7 @@ class OpenAICompatibleBackend(Backend):
         return response.status_code == 200
 
     async def aclose(self) -> None:
-        """Close the HTTP clients (open streams are closed). Idempotent."""
+        """Close the HTTP client and its connection pools (open streams too). Idempotent."""
         if not self._closed:
             self._closed = True
-            await self._shards.aclose()
+            await self._client.aclose()

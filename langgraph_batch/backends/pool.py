@@ -424,39 +424,47 @@ class EndpointPool(Backend):
             self._mark_up(replica)
             return response
 
-    async def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+    async def complete_batch_settled(
+        self, requests: Sequence[ChatRequest]
+    ) -> list[ChatResponse | BackendError]:
         """Split the batch by routed replica and run the parts concurrently.
 
-        Results come back in input order. A part whose replica cannot be
-        reached is re-routed (that replica excluded) like a single call.
+        Each request gets its own response or error, in input order. A part
+        whose replica cannot be reached (every member failed to connect) is
+        re-routed, that replica excluded, like a single call.
 
-        Raises:
-            BackendError: the first failure of any part.
+        Returns:
+            One `ChatResponse` or `BackendError` per request, in input order.
         """
-        results: list[ChatResponse | None] = [None] * len(requests)
+        results: list[ChatResponse | BackendError | None] = [None] * len(requests)
 
         async def run_part(indices: list[int], tried: set[int], replica: _Replica) -> None:
             while True:
                 part = [requests[i] for i in indices]
                 replica.inflight += len(part)
                 try:
-                    out = await replica.backend.complete_batch(part)
-                except BackendConnectionError as exc:
-                    self._mark_down(replica, exc)
-                    tried = tried | {replica.index}
-                    replica = self._pick(part[0], tried, batched=True)
-                    continue
+                    out = await replica.backend.complete_batch_settled(part)
                 finally:
                     replica.inflight -= len(part)
-                self._mark_up(replica)
                 if len(out) != len(part):
                     raise BackendError(
-                        f"replica {replica.backend.base_url} returned {len(out)} responses "
+                        f"replica {replica.backend.base_url} returned {len(out)} outcomes "
                         f"for {len(part)} requests",
                         url=replica.backend.base_url,
                     )
-                for i, resp in zip(indices, out, strict=True):
-                    results[i] = resp
+                if out and all(isinstance(o, BackendConnectionError) for o in out):
+                    self._mark_down(replica, out[0])  # type: ignore[arg-type]
+                    tried = tried | {replica.index}
+                    try:
+                        replica = self._pick(part[0], tried, batched=True)
+                    except BackendError:
+                        pass  # every replica is down: the members keep their errors
+                    else:
+                        continue
+                else:
+                    self._mark_up(replica)
+                for i, outcome in zip(indices, out, strict=True):
+                    results[i] = outcome
                 return
 
         groups: dict[int, list[int]] = {}
@@ -525,6 +533,7 @@ class EndpointPool(Backend):
             block_size=next((m.block_size for m in got if m.block_size is not None), None),
             prefix_caching=all(caching) if caching else None,
             cache_hit_rate=hit_rate,
+            engines=sum(m.engines or 1 for m in got),
         )
 
     async def health(self) -> bool:

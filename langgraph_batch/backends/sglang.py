@@ -7,8 +7,10 @@
   server runs with `--schedule-low-priority-values-first`
   (`low_priority_values_first=True`).
 - `/metrics` with SGLang's names (needs `--enable-metrics`).
-- `complete_batch`: raw prompts go out as one native `/generate` call with a
-  text list; chat requests run one by one (concurrently).
+- `complete_batch_settled`: raw prompts go out as one native `/generate` call
+  with a text list (its `meta_info` gives each member its exact usage); chat
+  requests run one by one (concurrently). Isolation (a bad member fails only
+  its caller) is `_batching.py`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch.backends._batching import is_single_choice, settle_batch
 from langgraph_batch.backends._prometheus import parse_prometheus
 from langgraph_batch.backends.base import (
     BackendCapabilities,
@@ -29,8 +32,7 @@ from langgraph_batch.backends.base import (
     Usage,
 )
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend, dumps
-from langgraph_batch.backends.vllm import MAX_PROMPTS_PER_CALL, gather_in_order, is_single_choice
-from langgraph_batch.errors import BackendServerError
+from langgraph_batch.errors import BackendError, BackendServerError
 
 __all__ = ("SGLangBackend", "parse_sglang_metrics", "sampling_params_for_generate")
 
@@ -46,6 +48,7 @@ _SGLANG_METRICS = frozenset(
         "sglang:num_retracted_reqs",
         "sglang:num_retracted_requests_total",
         "sglang:prompt_tokens_total",
+        "sglang:cached_tokens_total",
         "sglang:generation_tokens_total",
     }
 )
@@ -156,48 +159,39 @@ class SGLangBackend(OpenAICompatibleBackend):
 
     # ------------------------------------------------------------------ batching
 
-    async def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+    async def complete_batch_settled(
+        self, requests: Sequence[ChatRequest]
+    ) -> list[ChatResponse | BackendError]:
         """Send raw-prompt requests as one native `/generate` call; the rest one by one.
 
         A request goes into the `/generate` batch when it carries a text
         `params["prompt"]`, does not stream, and all its params have a
-        `/generate` equivalent. Results come back in input order.
+        `/generate` equivalent. A batch that fails with a 4xx is split: each
+        member is sent alone, so a bad prompt fails only its caller.
 
-        Raises:
-            BackendError: the first failure; a failed call fails the whole batch.
+        Returns:
+            One `ChatResponse` or `BackendError` per request, in input order.
         """
         self._check_open()
-        groups: dict[int, list[tuple[int, dict[str, Any]]]] = {}
-        singles: list[int] = []
-        for i, request in enumerate(requests):
-            prompt = request.params.get("prompt")
-            sampling = None
-            if isinstance(prompt, str) and is_single_choice(request):
-                sampling = sampling_params_for_generate(dict(request.params))
-            if sampling is None:
-                singles.append(i)
-                continue
-            priority = self.engine_priority(request.priority) if self.priority_scheduling else 0
-            groups.setdefault(priority, []).append((i, sampling))
-        jobs: list[tuple[list[int], Any]] = []
-        for priority, members in groups.items():
-            if len(members) == 1:
-                singles.append(members[0][0])
-                continue
-            for start in range(0, len(members), MAX_PROMPTS_PER_CALL):
-                part = members[start : start + MAX_PROMPTS_PER_CALL]
-                batch = [(requests[i], sampling) for i, sampling in part]
-                jobs.append(([i for i, _ in part], self._generate(batch, priority)))
-        jobs.extend(([i], self._one(requests[i])) for i in singles)
-        results: list[ChatResponse | None] = [None] * len(requests)
-        outcomes = await gather_in_order([call for _, call in jobs])
-        for (indices, _), responses in zip(jobs, outcomes, strict=True):
-            for i, response in zip(indices, responses, strict=True):
-                results[i] = response
-        return [r for r in results if r is not None]
+        return await settle_batch(
+            requests, group_key=self._group_key, send_batch=self._send_batch, send_one=self.chat
+        )
 
-    async def _one(self, request: ChatRequest) -> list[ChatResponse]:
-        return [await self.chat(request)]
+    def _group_key(self, request: ChatRequest) -> int | None:
+        prompt = request.params.get("prompt")
+        if not isinstance(prompt, str) or not is_single_choice(request):
+            return None
+        if sampling_params_for_generate(dict(request.params)) is None:
+            return None
+        return self.engine_priority(request.priority) if self.priority_scheduling else 0
+
+    async def _send_batch(self, priority: Any, batch: Sequence[ChatRequest]) -> list[ChatResponse]:
+        members = []
+        for r in batch:
+            sampling = sampling_params_for_generate(dict(r.params))
+            assert sampling is not None  # checked by _group_key
+            members.append((r, sampling))
+        return await self._generate(members, priority)
 
     async def _generate(
         self, batch: Sequence[tuple[ChatRequest, dict[str, Any]]], priority: int
@@ -278,6 +272,8 @@ def parse_sglang_metrics(text: str) -> EngineMetrics:
             "sglang:num_retracted_requests_total", "sglang:num_retracted_reqs"
         ),
         prompt_tokens_total=s.sum("sglang:prompt_tokens_total"),
+        # Prompt tokens served from the radix cache, summed over its cache_source labels.
+        prefix_cache_hits_total=s.sum("sglang:cached_tokens_total"),
         generation_tokens_total=s.sum("sglang:generation_tokens_total"),
         kv_capacity_tokens=int(capacity) if capacity else None,
         prefix_caching=True if "sglang:cache_hit_rate" in s else None,

@@ -6,10 +6,12 @@
   `priority_scheduling=True`: vLLM honours it only under
   `--scheduling-policy priority` and ignores it under the default `fcfs`.
 - `/metrics` (load, KV usage, KV capacity from `vllm:cache_config_info`).
-- `complete_batch`: chat requests go out as one `/v1/chat/completions/batch`
-  call (vLLM >= 0.20; chat templating stays the server's), raw prompts as one
-  `/v1/completions` list-prompt call. On a server without the batch endpoint
-  (404) the backend remembers it and sends the requests one by one.
+- `complete_batch_settled`: chat requests go out as one
+  `/v1/chat/completions/batch` call (vLLM >= 0.20; chat templating stays the
+  server's), raw prompts as one `/v1/completions` list-prompt call. On a
+  server without the batch endpoint (404) the backend remembers it and sends
+  the requests one by one. Isolation (a bad member fails only its caller) and
+  per-member usage are `_batching.py`'s.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch.backends._batching import (
+    MAX_PROMPTS_PER_CALL,
+    gather_in_order,
+    is_single_choice,
+    settle_batch,
+    split_usage,
+)
 from langgraph_batch.backends._http import is_route_not_found
 from langgraph_batch.backends._prometheus import parse_prometheus
 from langgraph_batch.backends._sse import parse_usage
@@ -31,14 +40,17 @@ from langgraph_batch.backends.base import (
     EngineMetrics,
 )
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend, dumps
-from langgraph_batch.errors import BackendServerError
+from langgraph_batch.errors import BackendError, BackendServerError
 
-__all__ = ("VLLMBackend", "gather_in_order", "is_single_choice", "parse_vllm_metrics")
+__all__ = (
+    "MAX_PROMPTS_PER_CALL",
+    "VLLMBackend",
+    "gather_in_order",
+    "is_single_choice",
+    "parse_vllm_metrics",
+)
 
 logger = logging.getLogger(__name__)
-
-MAX_PROMPTS_PER_CALL = 1024
-"""vLLM accepts at most 1024 prompts in one `/v1/completions` call."""
 
 _GUIDED = frozenset({"guided_json", "guided_regex", "guided_choice", "guided_grammar"})
 
@@ -57,26 +69,7 @@ _VLLM_METRICS = frozenset(
     }
 )
 
-
-def is_single_choice(request: ChatRequest) -> bool:
-    """True when a request may share an HTTP call with others (no stream, tools or n>1)."""
-    params = request.params
-    return not request.stream and "tools" not in params and params.get("n", 1) == 1
-
-
-async def gather_in_order(coros: Sequence[Any]) -> list[Any]:
-    """Run coroutines concurrently; return their results in order or raise the first error.
-
-    Unlike `TaskGroup`, a failure does not become an `ExceptionGroup` (backends
-    raise only `BackendError`s), and the other calls are allowed to finish.
-    """
-    if len(coros) == 1:
-        return [await coros[0]]
-    results = await asyncio.gather(*coros, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return list(results)
+_MODELS_RETRY_S = 60.0
 
 
 def _int_label(labels: dict[str, str], name: str) -> int | None:
@@ -110,6 +103,8 @@ class VLLMBackend(OpenAICompatibleBackend):
         self._chat_batch_url = httpx.URL(self.base_url + "/v1/chat/completions/batch")
         self._metrics_url = httpx.URL(self.base_url + "/metrics")
         self._chat_batch_supported: bool | None = None
+        self._model_lens: dict[str, int] | None = None
+        self._model_lens_retry = 0.0
 
     def _extend_body(self, body: dict[str, Any], request: ChatRequest) -> None:
         if request.request_id:
@@ -125,50 +120,46 @@ class VLLMBackend(OpenAICompatibleBackend):
 
     # ------------------------------------------------------------------ batching
 
-    async def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+    async def complete_batch_settled(
+        self, requests: Sequence[ChatRequest]
+    ) -> list[ChatResponse | BackendError]:
         """Send many non-streaming, tool-free requests in as few HTTP calls as possible.
 
         Requests that share model, parameters and priority go together: chat
         requests as one `/v1/chat/completions/batch` call, raw prompts
         (`params["prompt"]`) as one `/v1/completions` list-prompt call. The rest
-        (streaming, tools, n > 1, or a server without the batch endpoint) run
-        one by one, concurrently. Results come back in input order.
+        (streaming, tools, n > 1, a prompt that may not fit `max_model_len`, or a
+        server without the batch endpoint) run one by one, concurrently. A
+        batched call that fails with a 4xx is split: each member is sent alone.
+        Each response carries its share of the call's usage
+        (`Usage.estimated`, see `backends/_batching.py`).
 
-        The server reports usage only for the whole call, so batched responses
-        carry `usage=None`.
-
-        Raises:
-            BackendError: the first failure; a failed call fails the whole batch.
+        Returns:
+            One `ChatResponse` or `BackendError` per request, in input order.
         """
         self._check_open()
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        singles: list[int] = []
-        for i, request in enumerate(requests):
-            key = self._group_key(request)
-            if key is None:
-                singles.append(i)
-            else:
-                groups.setdefault(key, []).append(i)
-        jobs: list[tuple[list[int], Any]] = []
-        for key, members in groups.items():
-            if len(members) == 1:
-                singles.extend(members)
-                continue
-            for start in range(0, len(members), MAX_PROMPTS_PER_CALL):
-                part = members[start : start + MAX_PROMPTS_PER_CALL]
-                batch = [requests[i] for i in part]
-                call = self._prompt_batch(batch) if key[0] == "prompt" else self._chat_batch(batch)
-                jobs.append((part, call))
-        jobs.extend(([i], self._one(requests[i])) for i in singles)
-        results: list[ChatResponse | None] = [None] * len(requests)
-        outcomes = await gather_in_order([call for _, call in jobs])
-        for (members, _), responses in zip(jobs, outcomes, strict=True):
-            for i, response in zip(members, responses, strict=True):
-                results[i] = response
-        return [r for r in results if r is not None]
+        limits = await self._max_model_lens() if len(requests) > 1 else None
+        return await settle_batch(
+            requests,
+            group_key=self._group_key,
+            send_batch=self._send_batch,
+            send_one=self.chat,
+            max_model_len=limits,
+        )
 
-    async def _one(self, request: ChatRequest) -> list[ChatResponse]:
-        return [await self.chat(request)]
+    async def _max_model_lens(self) -> dict[str, int]:
+        """`max_model_len` per model from `/v1/models` (once; after a failure, a minute later)."""
+        now = asyncio.get_running_loop().time()
+        if self._model_lens is None or (not self._model_lens and now >= self._model_lens_retry):
+            try:
+                self._model_lens = {
+                    m.id: m.max_model_len for m in await self.models() if m.max_model_len
+                }
+            except BackendError as exc:
+                logger.debug("%s: /v1/models failed (%r); no length pre-filter", self.base_url, exc)
+                self._model_lens = {}
+                self._model_lens_retry = now + _MODELS_RETRY_S
+        return self._model_lens
 
     def _group_key(self, request: ChatRequest) -> tuple[Any, ...] | None:
         if not is_single_choice(request):
@@ -187,6 +178,11 @@ class VLLMBackend(OpenAICompatibleBackend):
         if self._chat_batch_supported is False:
             return None
         return ("chat", request.model, dumps(params), priority)
+
+    async def _send_batch(self, key: Any, batch: Sequence[ChatRequest]) -> list[ChatResponse]:
+        if key[0] == "prompt":
+            return await self._prompt_batch(batch)
+        return await self._chat_batch(batch)
 
     def _batch_request(self, batch: Sequence[ChatRequest]) -> ChatRequest:
         """A stand-in request for the shared part of a batch (model, params, id, timeout)."""
@@ -243,23 +239,27 @@ class VLLMBackend(OpenAICompatibleBackend):
                 raise ValueError(f"{len(choices)} choices for {len(batch)} prompts")
             base_id = data.get("id") or batch[0].request_id
             model = data.get("model") or batch[0].model
-            responses = []
-            for i, (choice, request) in enumerate(zip(choices, batch, strict=True)):
+            answers = []
+            for choice in choices:
                 if message_key is None:
                     content = choice.get("text")
                 else:
                     content = (choice.get(message_key) or {}).get("content")
-                responses.append(
-                    ChatResponse(
-                        id=f"{base_id}_{i}",
-                        model=model,
-                        content=content,
-                        finish_reason=choice.get("finish_reason"),
-                        usage=parse_usage(data.get("usage")) if len(batch) == 1 else None,
-                        request_id=request.request_id,
-                    )
+                answers.append((content, choice.get("finish_reason")))
+            usages = split_usage(parse_usage(data.get("usage")), batch, answers)
+            return [
+                ChatResponse(
+                    id=f"{base_id}_{i}",
+                    model=model,
+                    content=content,
+                    finish_reason=finish,
+                    usage=usage,
+                    request_id=request.request_id,
                 )
-            return responses
+                for i, ((content, finish), usage, request) in enumerate(
+                    zip(answers, usages, batch, strict=True)
+                )
+            ]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BackendServerError(
                 f"malformed batch completion from {self.base_url}: {exc}",
@@ -316,6 +316,7 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
         block_size=block_size,
         prefix_caching=prefix_caching,
         cache_hit_rate=(hits / queries) if queries and hits is not None else None,
+        engines=len(seen_engines) or None,
     )
 
 

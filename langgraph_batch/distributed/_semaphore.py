@@ -41,7 +41,7 @@ from langgraph_batch.distributed._redis import CLEANUP_ERRORS, CONNECTION_ERRORS
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.errors import RedisUnavailableError
 
-__all__ = ("ClusterLimitedBackend", "RedisSemaphore")
+__all__ = ("ClusterLimitedBackend", "RedisSemaphore", "endpoint_key", "limit_backends")
 
 logger = logging.getLogger(__name__)
 
@@ -234,18 +234,35 @@ class ClusterLimitedBackend(Backend):
         await self.inner.aclose()
 
 
+def endpoint_key(backend: Backend) -> str:
+    """What the cluster cap counts per: the server, whoever calls it.
+
+    `backend.key` also names the credentials (schedulers are shared per
+    credential), but a server's capacity does not depend on who calls it:
+    the cap is per backend type and URL. A backend without a URL (a
+    `LangChainBackend`) is capped per its key.
+    """
+    url = getattr(backend, "base_url", "")
+    return f"{type(backend).__name__}:{url}" if isinstance(url, str) and url else backend.key
+
+
 def limit_backends(
     client: object, *, limit: int, lease_s: float, scripts: Scripts | None = None
 ) -> Callable[[Backend], Backend]:
-    """A registry backend wrapper: one semaphore per endpoint key, shared by its schedulers."""
+    """A registry backend wrapper: one semaphore per endpoint, shared by its schedulers.
+
+    Schedulers of one endpoint with different credentials (see `endpoint_key`)
+    share the endpoint's cap.
+    """
     semaphores: dict[str, RedisSemaphore] = {}
 
     def wrap(backend: Backend) -> Backend:
-        sem = semaphores.get(backend.key)
+        endpoint = endpoint_key(backend)
+        sem = semaphores.get(endpoint)
         if sem is None:
-            sem = semaphores[backend.key] = RedisSemaphore(
+            sem = semaphores[endpoint] = RedisSemaphore(
                 client,
-                key=semaphore_key(backend.key),
+                key=semaphore_key(endpoint),
                 limit=limit,
                 lease_s=lease_s,
                 scripts=scripts,

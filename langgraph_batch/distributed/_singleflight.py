@@ -117,13 +117,19 @@ class RedisFlightStore:
         key: Hashable,
         fn: Callable[[], Awaitable[Any]],
         storable: Callable[[Any], bool],
+        *,
+        ttl: float | None = None,
     ) -> Any:
-        """Return the run's shared result for `key`, or run `fn` as the leader and share it."""
+        """Return the run's shared result for `key`, or run `fn` as the leader and share it.
+
+        A shared result lives as long as the run's keys, or `ttl` seconds when shorter.
+        """
         found = self._run_of(scope)
         digest = key_digest(key)
         if found is None or digest is None:
             return await fn()
         run, ttl_ms = found
+        keep_ms = ttl_ms if ttl is None else max(1, min(ttl_ms, int(ttl * 1000)))
         lock, res = run.flight(digest)
         token = uuid.uuid4().hex
         while True:
@@ -138,7 +144,7 @@ class RedisFlightStore:
                 if state == "norun":
                     return await fn()
                 if state == "leader":
-                    return await self._lead(run, lock, res, token, ttl_ms, fn, storable)
+                    return await self._lead(run, lock, res, token, ttl_ms, keep_ms, fn, storable)
                 got = await self._client.xread({res: "0-0"}, count=1, block=self.wait_ms)
             except CONNECTION_ERRORS:
                 logger.warning("Redis unreachable: running the coalesced call here", exc_info=True)
@@ -178,6 +184,7 @@ class RedisFlightStore:
         res: str,
         token: str,
         ttl_ms: int,
+        keep_ms: int,
         fn: Callable[[], Awaitable[Any]],
         storable: Callable[[Any], bool],
     ) -> Any:
@@ -198,7 +205,7 @@ class RedisFlightStore:
                 async with asyncio.timeout(5.0):
                     await asyncio.shield(
                         self._scripts.sf_finish(
-                            keys=[lock, res, run.meta], args=[token, payload, ttl_ms]
+                            keys=[lock, res, run.meta], args=[token, payload, keep_ms]
                         )
                     )
             except CLEANUP_ERRORS:

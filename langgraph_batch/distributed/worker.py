@@ -73,6 +73,7 @@ from langgraph_batch.distributed._serde import (
 from langgraph_batch.distributed._singleflight import RedisFlightStore
 from langgraph_batch.errors import DistributedError, InputValidationError
 from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._run import forget_run
 from langgraph_batch.nodes.fan_out import SiblingError
 from langgraph_batch.scheduler.registry import set_backend_wrapper
 
@@ -369,6 +370,7 @@ class Worker:
         for group, run in list(self._groups.items()):
             if run.keys.run_id not in self._runs and group not in active:
                 del self._groups[group]
+                forget_run(group)  # what coalesced tools kept for it, in this process
 
     def _flight_run(self, group: str) -> tuple[RunKeys, int] | None:
         run = self._groups.get(group)
@@ -557,8 +559,15 @@ class Worker:
                     + "; ".join(problems),
                     problems=problems,
                 )
+            # The run's group is unique to its Redis run (a digest of the random
+            # run id): coalesced tools share within it, in this process and
+            # (RedisFlightStore) across the run's workers, never across runs.
             info = SiblingInfo(
-                group=run.group, index=index, total=run.total, admission=self.admission
+                group=run.group,
+                index=index,
+                total=run.total,
+                admission=self.admission,
+                run_id=run.group,
             )
             meta = {"lgb_sibling_group": run.group, "lgb_sibling_index": index}
             config: Any = {

@@ -20,7 +20,7 @@ from langgraph_batch.emulator._http import (
 )
 from langgraph_batch.emulator.engine import Request
 from langgraph_batch.emulator.protocol import ChunkEncoder, chat_chunk, now_s, sse, usage_dict
-from langgraph_batch.emulator.scenarios import Plan, ToolCallPlan, plan_chat, truncate
+from langgraph_batch.emulator.scenarios import Plan, ToolCallPlan, plan_chat
 from langgraph_batch.emulator.tokenizer import split_pieces, tokenize, tokenize_chat
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ async def chat(server: EmulatorServer, request: HTTPRequest) -> Response:
             response_format=body.get("response_format") or structured_of(body),
             options=sopts,
         )
-        plan = truncate(plan, max_tokens)
+        plan = server.fit_length(plan, body, max_tokens, seed=len(messages))
         if opts.fault == "bad_tool_args" and plan.tool_calls:
             plan = _corrupt_args(plan)
         rid = server.request_id(request, body)
@@ -252,7 +252,7 @@ async def chat_batch(server: EmulatorServer, request: HTTPRequest) -> Response:
             messages = server._messages({"messages": conv})
             prompt_ids = tokenize_chat(messages)
             max_tokens = server.max_tokens(body, len(prompt_ids), default=None)
-            plan = truncate(
+            plan = server.fit_length(
                 plan_chat(
                     messages,
                     tools=None,
@@ -260,7 +260,9 @@ async def chat_batch(server: EmulatorServer, request: HTTPRequest) -> Response:
                     response_format=body.get("response_format") or structured_of(body),
                     options=opts.scenario,
                 ),
+                body,
                 max_tokens,
+                seed=i,
             )
             plans.append(plan)
             reqs.append(
@@ -320,7 +322,7 @@ async def completions(server: EmulatorServer, request: HTTPRequest) -> Response:
             else:
                 text, ids = " ".join(map(str, prompt)), list(prompt)
             max_tokens = server.max_tokens(body, len(ids), default=16)
-            plan = server.text_plan(text, opts, max_tokens)
+            plan = server.fit_length(server.text_plan(text, opts, max_tokens), body, max_tokens)
             plans.append(plan)
             reqs.append(
                 server.new_request(

@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from langgraph_batch._extras import missing_extra
 from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.costs import PROFILES
 
@@ -92,7 +93,10 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 
 async def _run(config: EmulatorConfig) -> None:
-    import uvicorn
+    try:
+        import uvicorn
+    except ImportError:  # the optional `emulator` extra
+        raise missing_extra("emulator", "the emulator needs uvicorn and starlette") from None
 
     from langgraph_batch.emulator.process import READY_PREFIX, _bound_port, _uvicorn_config
     from langgraph_batch.emulator.server import EmulatorServer

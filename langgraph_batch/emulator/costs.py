@@ -3,8 +3,10 @@
 A step of a vLLM-style engine runs one forward pass over every token
 scheduled in it (decode tokens plus prefill chunks). Its time is modelled as
 
-    fixed + lm_head(seqs) + linear(tokens) + prefill_attention + decode_kv_read
-          + per_seq_overhead * seqs
+    fixed + lm_head(seqs) + linear(tokens) + prefill_attention + decode_kv_read(B)
+          + per_seq_overhead * seqs + decode_overhead(B)
+
+where B is the number of sequences decoding in the step.
 
 - `linear(tokens)` is every weight GEMM and elementwise op of all layers. It
   is interpolated from knots fitted to profiled kernel timings published by
@@ -16,10 +18,18 @@ scheduled in it (decode tokens plus prefill chunks). Its time is modelled as
   around each knot). Above the last knot it grows linearly with the slope
   fitted by least squares to the rows with >= 1024 tokens.
 - Attention is analytic: prefill attention FLOPs `4*L*H*d*t*(s + t/2)` at 50% of
-  peak; decode reads every decoding sequence's whole KV at 60% of peak
-  bandwidth.
+  peak. Decode reads every decoding sequence's whole KV: at 60% of peak
+  bandwidth by default, or at a per-token cost that depends on B where a
+  profile was fitted to a measured engine (`decode_kv_knots`).
 - The LM head is one read of its weights per step (memory-bound) or its FLOPs
   for the sampled sequences, whichever is larger.
+
+`h100-llama3-8b` is fitted to vLLM 0.26.0 measured end to end on one H100
+(see `_H100_VLLM026_*` below): there the KV read of a decode batch costs
+about 38 ns per token at 16 sequences but about 128 ns per token from ~32
+sequences on, so at long contexts decode throughput stops growing past
+B~16 (what the measured engine does; the bandwidth model would say ~1.7k
+tokens/s at B=16 and 5k at B=96 with 3k contexts, the engine does 1.9k at both).
 
 Profiles are plain data so that benchmarks can compute an `ideal` bound from
 the same numbers (`Profile.step_time`).
@@ -28,6 +38,7 @@ the same numbers (`Profile.step_time`).
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -87,6 +98,40 @@ _QWEN25_7B_OVER_LLAMA3_8B = (233.0 * 28) / (218.1 * 32)
 # 2.0 TB/s for the memory-bound part. The remaining factor is fitted to the
 # published BatchAgent A10G tables (vLLM 0.6.6): TTFT without prefix caching
 # grows ~0.60 s per queued 2547-token prompt, i.e. ~4.2k prompt tokens/s.
+# vLLM 0.26.0 on one H100 80GB (bf16 Llama-3-8B shape, random weights, CUDA
+# graphs, FlashAttention 3, chunked prefill 8192, prefix caching), measured
+# end to end through HTTP: /work/shared/calibration/h100_vllm026_llama3_8b_measured.md
+# and vllm026_h100/calib_vllm.json. Fitted (minimax relative error, in
+# virtual time through `engine.simulate` with the measured request path
+# modelled; tests/unit/emulator/test_fidelity.py reproduces every figure) to:
+# - decode with long contexts, B requests on one cached prefix, ms per step:
+#   B=16: 6.7 / 6.9 / 8.5 at ~64 / ~1k / ~3k tokens; B=96: 13.35 / 29.95 / 46.3
+#   (means of 2 runs). The KV term's slope at B=16 is 38.4 ns per token
+#   (about peak bandwidth); at B=96 128.5 ns (a third of it). Between 16 and 96
+#   only the end-to-end W1 trace (vllm026_h100/w1_vllm_trace.json) says where
+#   the slope rises: ~20 ms per token at ~21 concurrent ~3k-token answers and
+#   ~24 ms at ~32, i.e. already near the B=96 slope, so the knot sits at 32.
+# - short-prompt streaming decode, per-stream ms per token: 6.59 / 6.78 / 7.77
+#   / 21.77 at B = 1 / 16 / 64 / 256. With the KV slope above, the rest of the
+#   B-dependence is a per-step overhead: about 0 up to B=64 (slightly below the
+#   profiled kernels there), 5.6 ms at B=96 (the ~64-token row of the grid:
+#   13.35 ms), 6.5 ms at B=256.
+# - prefill (one 4,000-token prompt 32.9k-34.6k tokens/s; 16 x 2,000 tokens;
+#   TTFT of 5-100 concurrent 2,548-token prompts) is the Vidur linear part plus
+#   analytic attention unchanged: the measured figures differ from it by the
+#   server's request path (~20 ms per batch of concurrently arriving requests),
+#   not by engine time.
+_H100_VLLM026_DECODE_KV_NS: tuple[tuple[int, float], ...] = ((16, 38.4), (32, 128.5))
+_H100_VLLM026_DECODE_OVERHEAD_MS: tuple[tuple[int, float], ...] = (
+    (0, 0.0),
+    (64, -0.3),
+    (96, 5.6),
+    (256, 6.5),
+)
+_H100_VLLM026_KV_TOKENS = 463_312
+"""`vllm:cache_config_info` of the measured server: 28,957 blocks x 16 at
+gpu_memory_utilization 0.92."""
+
 _A10G_COMPUTE_FACTOR = 312.0 / 125.0
 _A10G_MEMORY_FACTOR = 2.0 / 0.6
 _A10G_FITTED_EFFICIENCY = 1.22
@@ -106,6 +151,8 @@ class StepShape:
     """Sum over prefill chunks of `t * (s + t / 2)` (t new tokens after s)."""
     decode_kv_tokens: int = 0
     """Sum over decoding sequences of the tokens whose KV they read."""
+    num_decodes: int = 0
+    """Sequences in the step that decode one token (read their whole KV)."""
 
 
 @dataclass(**_DC_KWARGS)
@@ -145,6 +192,14 @@ class Profile:
     """CPU-side cost per sequence (scheduling, sampling, detokenizing)."""
     kv_tokens: int = 440_000
     """Default KV cache capacity in tokens."""
+    decode_kv_knots: tuple[tuple[int, float], ...] = ()
+    """(decoding sequences in the step, ns per KV token read) points, fitted to
+    a measured engine; linear between points, flat outside. Empty: every KV
+    token is read at `kv_read_efficiency` of `peak_bandwidth`."""
+    decode_overhead_knots: tuple[tuple[int, float], ...] = ()
+    """(decoding sequences in the step, ms) points: per-step cost of a decode
+    batch beyond `per_seq_ms` and the KV read, fitted to a measured engine;
+    linear between points, the last slope beyond the last."""
     zero: bool = False
     """The `zero` profile: every step is instant."""
     _xs: tuple[int, ...] = field(default=(), repr=False)
@@ -182,8 +237,14 @@ class Profile:
             flops = 4.0 * self.layers * self.hidden * shape.prefill_attn_units
             ms += 1e3 * flops / (self.peak_flops * self.attn_flops_efficiency)
         if shape.decode_kv_tokens:
-            nbytes = float(self.kv_bytes_per_token) * shape.decode_kv_tokens
-            ms += 1e3 * nbytes / (self.peak_bandwidth * self.kv_read_efficiency)
+            if self.decode_kv_knots:
+                ns = _interpolate(self.decode_kv_knots, shape.num_decodes, extend=False)
+                ms += 1e-6 * ns * shape.decode_kv_tokens
+            else:
+                nbytes = float(self.kv_bytes_per_token) * shape.decode_kv_tokens
+                ms += 1e3 * nbytes / (self.peak_bandwidth * self.kv_read_efficiency)
+        if self.decode_overhead_knots and shape.num_decodes:
+            ms += _interpolate(self.decode_overhead_knots, shape.num_decodes, extend=True)
         return ms / 1e3
 
     def decode_step_time(self, batch: int, context: int) -> float:
@@ -194,6 +255,7 @@ class Profile:
                 num_seqs=batch,
                 num_sampled=batch,
                 decode_kv_tokens=batch * context,
+                num_decodes=batch,
             )
         )
 
@@ -209,6 +271,23 @@ class Profile:
         )
 
 
+def _interpolate(knots: tuple[tuple[int, float], ...], x: int, *, extend: bool) -> float:
+    """Piecewise-linear value of `knots` at `x`.
+
+    Below the first knot: the first value; above the last: the last value, or
+    with `extend` the last segment's slope.
+    """
+    if x <= knots[0][0]:
+        return knots[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(knots):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if not extend or len(knots) < 2:
+        return knots[-1][1]
+    (x0, y0), (x1, y1) = knots[-2], knots[-1]
+    return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
+
+
 PROFILES: dict[str, Profile] = {
     "h100-llama3-8b": Profile(
         name="h100-llama3-8b",
@@ -217,7 +296,11 @@ PROFILES: dict[str, Profile] = {
         slope_ms=_H100_LLAMA2_7B_SLOPE_MS,
         linear_scale=_LLAMA3_OVER_LLAMA2,
         memory_scale=_LLAMA3_OVER_LLAMA2,
-        kv_tokens=440_000,
+        fixed_ms=0.0,
+        per_seq_ms=0.0,
+        decode_kv_knots=_H100_VLLM026_DECODE_KV_NS,
+        decode_overhead_knots=_H100_VLLM026_DECODE_OVERHEAD_MS,
+        kv_tokens=_H100_VLLM026_KV_TOKENS,
     ),
     "a100-llama3-8b": Profile(
         name="a100-llama3-8b",

@@ -121,6 +121,10 @@ class RealTimeDriver:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.queue = Histogram(TTFT_BUCKETS)
+        self.prefill = Histogram(TTFT_BUCKETS)
+        self.decode = Histogram(E2E_BUCKETS)
+        self.inference = Histogram(E2E_BUCKETS)
+        self.finished_by_reason: dict[str, int] = {}
         self._last_token: dict[int, float] = {}
 
     # -- clock ---------------------------------------------------------------
@@ -331,11 +335,18 @@ class RealTimeDriver:
                     self.ttft.observe(end - req.arrival)
                     if req.first_scheduled is not None:
                         self.queue.observe(req.first_scheduled - req.arrival)
+                        self.prefill.observe(end - req.first_scheduled)
             else:
                 self.itl.observe(end - prev)
             if finished:
                 last.pop(key, None)
                 self.e2e.observe(end - req.arrival)
+                if req.first_token_time is not None:
+                    self.decode.observe(end - req.first_token_time)
+                if req.first_scheduled is not None:
+                    self.inference.observe(end - req.first_scheduled)
+                reason = req.finish_reason
+                self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
             else:
                 last[key] = end
 

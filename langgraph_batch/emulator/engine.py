@@ -65,6 +65,7 @@ class Request:
         "blocks",
         "cache_salt",
         "cached_tokens",
+        "finish_reason",
         "finish_time",
         "first_scheduled",
         "first_token_time",
@@ -115,6 +116,8 @@ class Request:
         self.first_scheduled: float | None = None
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
+        self.finish_reason = "length" if len(output_ids) < 1 else "stop"
+        """What the server reports when the request finishes (`stop`, `length`, ...)."""
         self.token_times: list[float] | None = None
         self.listener: Callable[[Request], None] | None = None
 
@@ -418,6 +421,7 @@ class Engine:
         attn_units = 0.0
         kv_tokens = 0
         sampled = 0
+        decodes = 0
         for req, n in items:
             shape_tokens += n
             end = req.num_computed + n
@@ -425,6 +429,7 @@ class Engine:
                 sampled += 1
             if n == 1 and req.num_computed >= req.prompt_len:
                 kv_tokens += end
+                decodes += 1
             else:
                 attn_units += n * (req.num_computed + n / 2)
         shape = StepShape(
@@ -433,6 +438,7 @@ class Engine:
             num_sampled=sampled,
             prefill_attn_units=attn_units,
             decode_kv_tokens=kv_tokens,
+            num_decodes=decodes,
         )
         step = ScheduledStep(
             items=items,

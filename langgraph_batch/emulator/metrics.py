@@ -8,9 +8,23 @@ from langgraph_batch.emulator.driver import Histogram
 from langgraph_batch.emulator.kv_cache import BLOCK_SIZE
 
 if TYPE_CHECKING:
+    from langgraph_batch.emulator.engine import Engine
     from langgraph_batch.emulator.server import EmulatorServer
 
-__all__ = ("render_metrics", "stats_dict")
+__all__ = ("PHASE_FIELDS", "render_metrics", "request_phases", "stats_dict")
+
+PHASE_FIELDS = (
+    "request_id",
+    "arrival",
+    "first_scheduled",
+    "first_token",
+    "finish",
+    "preemptions",
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+)
+"""The columns of `/emulator/requests` rows."""
 
 
 def _labels(pairs: dict[str, str]) -> str:
@@ -79,6 +93,17 @@ def render_metrics(server: EmulatorServer) -> str:
           "Histogram of e2e request latency in seconds.")  # fmt: skip
     _hist(lines, "vllm:request_queue_time_seconds", drv.queue, labels,
           "Histogram of time spent in WAITING phase for request.")  # fmt: skip
+    _hist(lines, "vllm:request_prefill_time_seconds", drv.prefill, labels,
+          "Histogram of time spent in PREFILL phase for request.")  # fmt: skip
+    _hist(lines, "vllm:request_decode_time_seconds", drv.decode, labels,
+          "Histogram of time spent in DECODE phase for request.")  # fmt: skip
+    _hist(lines, "vllm:request_inference_time_seconds", drv.inference, labels,
+          "Histogram of time spent in RUNNING phase for request.")  # fmt: skip
+    lines.append("# HELP vllm:request_success_total Count of successfully processed requests.")
+    lines.append("# TYPE vllm:request_success_total counter")
+    for reason in sorted(drv.finished_by_reason):
+        pairs = {**labels, "finished_reason": reason}
+        lines.append(f"vllm:request_success_total{_labels(pairs)} {drv.finished_by_reason[reason]}")
     _emulator_lines(lines, server)
     return "\n".join(lines) + "\n"
 
@@ -120,6 +145,9 @@ def _render_sglang(server: EmulatorServer) -> str:
          "The number of retracted requests.")  # fmt: skip
     _one(lines, "sglang:prompt_tokens_total", "counter", c.prompt_tokens_received, labels,
          "Number of prefill tokens processed.")  # fmt: skip
+    _one(lines, "sglang:cached_tokens_total", "counter", c.cached_tokens,
+         {**labels, "cache_source": "device"},
+         "Number of cached prompt tokens by source.")  # fmt: skip
     _one(lines, "sglang:generation_tokens_total", "counter", c.generation_tokens, labels,
          "Number of generation tokens processed.")  # fmt: skip
     _hist(lines, "sglang:time_to_first_token_seconds", drv.ttft, labels,
@@ -128,6 +156,25 @@ def _render_sglang(server: EmulatorServer) -> str:
           "Histogram of inter-token latency in seconds.")  # fmt: skip
     _emulator_lines(lines, server)
     return "\n".join(lines) + "\n"
+
+
+def request_phases(engine: Engine, since: float) -> list[list[Any]]:
+    """Rows of `PHASE_FIELDS` for the finished requests that arrived at or after `since`."""
+    return [
+        [
+            r.request_id,
+            r.arrival,
+            r.first_scheduled,
+            r.first_token_time,
+            r.finish_time,
+            r.num_preemptions,
+            r.prompt_len,
+            r.cached_tokens,
+            r.num_output,
+        ]
+        for r in engine.finished_log
+        if r.arrival >= since
+    ]
 
 
 def stats_dict(server: EmulatorServer) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Self
 
 import httpx
 
+from langgraph_batch._extras import missing_extra
 from langgraph_batch.emulator.config import EmulatorConfig
 from langgraph_batch.emulator.engine import Engine
 from langgraph_batch.emulator.server import EmulatorServer
@@ -73,7 +74,10 @@ def _bound_port(userver: Any) -> int:
 
 
 def _in_process_server_class() -> Any:
-    import uvicorn
+    try:
+        import uvicorn
+    except ImportError:  # the optional `emulator` extra
+        raise missing_extra("emulator", "the emulator needs uvicorn and starlette") from None
 
     class InProcessServer(uvicorn.Server):
         """A uvicorn server that leaves the host program's signal handlers alone."""

@@ -8,8 +8,16 @@ identical siblings produce identical tool calls and answers.
 - `agent`: while tools are offered and the conversation holds fewer tool
   results than `turns - 1`, one tool call whose arguments satisfy the tool's
   JSON schema (string values are the `key=<value>` marker of the last user
-  message, else a short hash of it); otherwise a final answer of
-  `output_tokens` tokens, or JSON valid for `response_format`'s schema.
+  message, else a short hash of it; an enum that lists that key picks it);
+  otherwise a final answer of `output_tokens` tokens, or JSON valid for
+  `response_format`'s schema.
+
+Lengths follow vLLM's sampling parameters (`fit_length`): `max_tokens` cuts
+(finish reason `length`); `ignore_eos` makes the output exactly `max_tokens`
+long and `min_tokens` at least that long. Free text goes on with more
+words; a tool call or schema-constrained JSON is complete, so the model can
+only emit end-of-sequence tokens, which count as generated tokens but are
+not in the text (vLLM skips special tokens): the JSON stays valid.
 """
 
 from __future__ import annotations
@@ -20,12 +28,20 @@ import random
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langgraph_batch.emulator.tokenizer import render_tool_call, split_pieces
 
-__all__ = ("Plan", "ScenarioOptions", "ToolCallPlan", "plan_chat", "plan_text", "value_for_schema")
+__all__ = (
+    "Plan",
+    "ScenarioOptions",
+    "ToolCallPlan",
+    "fit_length",
+    "plan_chat",
+    "plan_text",
+    "value_for_schema",
+)
 
 _DC_KWARGS: dict[str, bool] = {"frozen": True, "slots": True, "kw_only": True}
 _WORDS_TEXT = (
@@ -73,6 +89,16 @@ class Plan:
     finish_reason: str = "stop"
     pieces: tuple[str, ...] = ()
     """The generated text split into tokens (for streaming)."""
+    structured: bool = False
+    """A tool call or schema-constrained JSON: complete, nothing may follow it."""
+    hidden_tokens: int = 0
+    """End-of-sequence tokens generated after the text (`ignore_eos`, `min_tokens`):
+    counted in usage, absent from the text."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this output generates (text pieces plus hidden ones)."""
+        return len(self.pieces) + self.hidden_tokens
 
 
 _encode_str = json.encoder.encode_basestring_ascii
@@ -168,6 +194,8 @@ def value_for_schema(
         return schema["const"]
     if schema.get("enum"):
         options = list(schema["enum"])
+        if key in options:  # the model follows its task's key when it may
+            return key
         return options[rng.randrange(len(options))]
     for combo in ("anyOf", "oneOf", "allOf"):
         alts = schema.get(combo)
@@ -291,11 +319,13 @@ def plan_chat(
                 tool_calls=(call,),
                 finish_reason="tool_calls",
                 pieces=tuple(split_pieces(text)),
+                structured=True,
             )
     schema = _schema_of(response_format)
     if schema is not None:
         text = json.dumps(value_for_schema(schema, key=key, rng=rng))
-    elif options.scenario == "echo":
+        return Plan(text=text, content=text, pieces=tuple(split_pieces(text)), structured=True)
+    if options.scenario == "echo":
         text = echo_text(user, options.output_tokens)
     else:
         text = words_text(options.output_tokens, rng, lead=f"Final answer for {key}:")
@@ -327,3 +357,48 @@ def truncate(plan: Plan, max_tokens: int) -> Plan:
     pieces = plan.pieces[:max_tokens]
     text = "".join(pieces)
     return Plan(text=text, content=text, finish_reason="length", pieces=pieces)
+
+
+def fit_length(
+    plan: Plan,
+    *,
+    max_tokens: int,
+    ignore_eos: bool = False,
+    min_tokens: int = 0,
+    seed: object = "",
+) -> Plan:
+    """The plan under vLLM's length parameters.
+
+    `max_tokens` cuts (finish reason `length`). With `ignore_eos` the output
+    is exactly `max_tokens` tokens, with `min_tokens` at least that many: free
+    text goes on with more words (seeded by `seed`); a structured output (a
+    tool call, schema JSON) is complete, so the rest are end-of-sequence
+    tokens, generated and counted but not in the text, as vLLM skips special
+    tokens. Reaching `max_tokens` under `ignore_eos` ends with finish reason
+    `length` (a parsed tool call keeps `tool_calls`, as vLLM reports it).
+
+    Example:
+        ```python
+        plan = fit_length(plan, max_tokens=200, ignore_eos=True)
+        assert plan.num_tokens == 200
+        ```
+    """
+    plan = truncate(plan, max_tokens)
+    target = max_tokens if ignore_eos else min(max(min_tokens, 0), max_tokens)
+    missing = target - plan.num_tokens
+    if missing <= 0:
+        # Under ignore_eos an answer ends only at max_tokens: even one whose
+        # natural length was exactly max_tokens reports `length`, as vLLM does.
+        if ignore_eos and not plan.tool_calls and plan.finish_reason != "length":
+            plan = replace(plan, finish_reason="length")
+        return plan
+    if plan.structured:
+        plan = replace(plan, hidden_tokens=plan.hidden_tokens + missing)
+    else:
+        rng = random.Random(_seed_for("more", plan.text, seed))
+        pieces = plan.pieces + tuple(" " + rng.choice(_WORDS) for _ in range(missing))
+        text = "".join(pieces)
+        plan = replace(plan, text=text, content=text, pieces=pieces)
+    if ignore_eos and not plan.tool_calls:
+        plan = replace(plan, finish_reason="length")
+    return plan

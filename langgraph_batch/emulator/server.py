@@ -26,10 +26,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from langgraph_batch._extras import missing_extra
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+except ImportError:  # the optional `emulator` extra
+    raise missing_extra("emulator", "the emulator needs starlette and uvicorn") from None
 
 from langgraph_batch.emulator import _openai_api, sglang
 from langgraph_batch.emulator._http import RequestError, RequestOptions, Watch
@@ -37,14 +42,27 @@ from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
 from langgraph_batch.emulator.driver import RealTimeDriver
 from langgraph_batch.emulator.engine import Engine, Request
-from langgraph_batch.emulator.metrics import render_metrics, stats_dict
+from langgraph_batch.emulator.metrics import (
+    PHASE_FIELDS,
+    render_metrics,
+    request_phases,
+    stats_dict,
+)
 from langgraph_batch.emulator.protocol import now_s
-from langgraph_batch.emulator.scenarios import Plan, ScenarioOptions, plan_text
-from langgraph_batch.emulator.tokenizer import render_chat, tokenize
+from langgraph_batch.emulator.scenarios import Plan, ScenarioOptions, fit_length, plan_text
+from langgraph_batch.emulator.tokenizer import IM_END, piece_ids, render_chat, tokenize
 
-__all__ = ("EmulatorServer", "RequestError")
+__all__ = ("EMULATOR_HEADER", "EMULATOR_ID", "EmulatorServer", "RequestError")
 
 logger = logging.getLogger(__name__)
+
+EMULATOR_HEADER = "x-langgraph-batch-emulator"
+"""Response header of `/version` saying the server is this emulator (never set by vLLM)."""
+EMULATOR_ID = "langgraph-batch"
+"""Its value, and the `emulator` field of the `/version` answer."""
+
+_EOS_ID = tokenize(IM_END)[0]
+"""The token a chat turn ends with: what `ignore_eos` padding generates."""
 
 _OPTION_KEYS = {
     "scenario",
@@ -88,6 +106,7 @@ class EmulatorServer:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/emulator/stats", self.stats, methods=["GET"]),
             Route("/emulator/reset", self.reset, methods=["POST"]),
+            Route("/emulator/requests", self.requests, methods=["GET"]),
         ]
         if config.flavor == "sglang":
             routes += sglang.routes(self)
@@ -123,8 +142,15 @@ class EmulatorServer:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def version(self, request: HTTPRequest) -> Response:
-        """The vLLM version the emulator imitates."""
-        return JSONResponse({"version": "0.33.0"})
+        """The vLLM version the emulator imitates, and that it is the emulator.
+
+        Clients that reach it by URL (`make demo BACKEND_URL=...`) label their
+        output EMULATED from the `emulator` field or the header.
+        """
+        return JSONResponse(
+            {"version": "0.33.0", "emulator": EMULATOR_ID},
+            headers={EMULATOR_HEADER: EMULATOR_ID},
+        )
 
     async def metrics(self, request: HTTPRequest) -> Response:
         """Prometheus text with vLLM's (or SGLang's) metric names."""
@@ -135,6 +161,21 @@ class EmulatorServer:
     async def stats(self, request: HTTPRequest) -> Response:
         """The engine counters as JSON."""
         return JSONResponse(stats_dict(self))
+
+    async def requests(self, request: HTTPRequest) -> Response:
+        """Server-side phases of the finished requests since the last reset (debug).
+
+        `?since=<engine seconds>` keeps those that arrived at or after it. Each
+        row: `[request_id, arrival, first_scheduled, first_token, finish,
+        preemptions, prompt_tokens, cached_tokens, output_tokens]`, times in
+        engine seconds (`engine_time_s` of `/emulator/stats` is the same clock).
+        """
+        try:
+            since = float(request.query_params.get("since", "-inf"))
+        except ValueError:
+            return RequestError("'since' must be a number of engine seconds").response()
+        rows = await self.driver.call(lambda: request_phases(self.engine, since))
+        return JSONResponse({"fields": list(PHASE_FIELDS), "requests": rows})
 
     async def reset(self, request: HTTPRequest) -> Response:
         """Zero the counters and clear the prefix cache."""
@@ -292,20 +333,47 @@ class EmulatorServer:
             )
         return raw
 
+    def fit_length(
+        self, plan: Plan, body: Mapping[str, Any], max_tokens: int, *, seed: object = ""
+    ) -> Plan:
+        """`plan` under the request's `max_tokens`, `ignore_eos` and `min_tokens` (as vLLM).
+
+        Raises:
+            RequestError: `ignore_eos` is not a boolean or `min_tokens` is out of range.
+        """
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise RequestError(f"'ignore_eos' must be a boolean, got {ignore_eos!r}.")
+        min_tokens = body.get("min_tokens", 0)
+        if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
+            raise RequestError(f"min_tokens must be >= 0, got {min_tokens!r}.")
+        if min_tokens > max_tokens:
+            raise RequestError(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                f"got {min_tokens}."
+            )
+        return fit_length(
+            plan, max_tokens=max_tokens, ignore_eos=ignore_eos, min_tokens=min_tokens, seed=seed
+        )
+
     # -- running requests ----------------------------------------------------
 
     def new_request(
         self, rid: str, prompt_ids: list[int], plan: Plan, *, priority: int, salt: str | None
     ) -> Request:
-        """An engine request generating `plan`'s tokens."""
-        out_ids = tokenize(plan.text) if plan.pieces else []
-        return Request(
+        """An engine request generating `plan`'s tokens (hidden end-of-sequence ones included)."""
+        out_ids = piece_ids(plan.pieces)
+        if plan.hidden_tokens:
+            out_ids += [_EOS_ID] * plan.hidden_tokens
+        req = Request(
             request_id=rid,
             prompt_ids=prompt_ids,
             output_ids=out_ids,
             priority=priority,
             cache_salt=salt,
         )
+        req.finish_reason = plan.finish_reason
+        return req
 
     async def _delay_first(self, opts: RequestOptions) -> None:
         if opts.fault == "slow_first_token" and opts.slow_first_token_s > 0:
@@ -359,7 +427,7 @@ class EmulatorServer:
         else:
             n = min(sopts.output_tokens, max_tokens)
         plan = plan_text(prompt, options=sopts, max_tokens=n)
-        if n >= max_tokens:
+        if plan.num_tokens >= max_tokens:
             plan = replace(plan, finish_reason="length")
         return plan
 

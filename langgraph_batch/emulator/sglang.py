@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from langgraph_batch.emulator.engine import Request
 from langgraph_batch.emulator.protocol import sse
-from langgraph_batch.emulator.scenarios import Plan, key_of, plan_text, value_for_schema
+from langgraph_batch.emulator.scenarios import Plan, fit_length, key_of, value_for_schema
 from langgraph_batch.emulator.tokenizer import split_pieces, tokenize
 
 if TYPE_CHECKING:
@@ -85,11 +85,16 @@ def _plan(server: EmulatorServer, prompt: str, params: Mapping[str, Any], opts: 
             schema = json.loads(schema)
         rng = random.Random(hash(prompt) & 0xFFFF)
         text = json.dumps(value_for_schema(schema, key=key_of(prompt), rng=rng))
-        pieces = tuple(split_pieces(text))[:max_new]
-        return Plan(text="".join(pieces), content="".join(pieces), pieces=pieces)
-    if params.get("ignore_eos"):
-        return plan_text(prompt, options=opts.scenario, max_tokens=max_new)
-    return server.text_plan(prompt, opts, max_new)
+        plan = Plan(text=text, content=text, pieces=tuple(split_pieces(text)), structured=True)
+    else:
+        plan = server.text_plan(prompt, opts, max_new)
+    return fit_length(
+        plan,
+        max_tokens=max_new,
+        ignore_eos=bool(params.get("ignore_eos")),
+        min_tokens=int(params.get("min_new_tokens") or 0),
+        seed=prompt,
+    )
 
 
 def _finish(plan: Plan, req: Request, max_new: int) -> dict[str, Any]:

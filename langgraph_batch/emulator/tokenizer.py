@@ -25,6 +25,7 @@ __all__ = (
     "VOCAB_SIZE",
     "count_tokens",
     "detokenize",
+    "piece_ids",
     "render_chat",
     "split_pieces",
     "tokenize",
@@ -91,6 +92,12 @@ def tokenize(text: str) -> list[int]:
     """
     special = _SPECIAL
     return [special.get(p) or _piece_id(p) for p in split_pieces(text)]
+
+
+def piece_ids(pieces: Iterable[str]) -> list[int]:
+    """Token ids of pieces from `split_pieces` (`tokenize` without splitting again)."""
+    special = _SPECIAL
+    return [special.get(p) or _piece_id(p) for p in pieces]
 
 
 def count_tokens(text: str) -> int:

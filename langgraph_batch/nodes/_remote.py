@@ -28,7 +28,7 @@ from langchain_core.runnables import RunnableConfig
 
 __all__ = ("RemoteEvent", "SiblingExecutor", "run_remote")
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("langgraph_batch.nodes.fan_out")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,8 +66,12 @@ class SiblingExecutor(Protocol):
 
 
 class _Run(Protocol):
-    done: int
-    failed: int
+    node: str
+    group: str
+
+    def count_started(self) -> None: ...
+
+    def count_done(self, *, failed: bool) -> None: ...
 
     def emit(self, event: str, **fields: Any) -> None: ...
 
@@ -108,14 +112,28 @@ async def run_remote(
     def fail(index: int, value: dict[str, Any]) -> None:
         value = {**value, "index": index, "item": items[index]}
         records[index] = [index, "error", value]
-        run.done += 1
-        run.failed += 1
+        run.count_done(failed=True)
+        error_type, retryable = value.get("error_type"), bool(value.get("retryable", False))
+        # As in-process: the type only, never the message (it may quote secrets).
+        logger.warning(
+            "fan_out %s: sibling %d failed: %s (retryable: %s); its SiblingError holds the message",
+            run.node,
+            index,
+            error_type,
+            retryable,
+            extra={
+                "lgb_group": run.group,
+                "lgb_index": index,
+                "lgb_error_type": error_type,
+                "lgb_retryable": retryable,
+            },
+        )
         run.emit(
             "sibling_failed",
             index=index,
-            error_type=value.get("error_type"),
+            error_type=error_type,
             message=value.get("message"),
-            retryable=bool(value.get("retryable", False)),
+            retryable=retryable,
         )
 
     inputs: list[tuple[int, Any]] = []
@@ -126,6 +144,7 @@ async def run_remote(
             fail(index, error_record(exc, index, item))
     if not inputs:
         return list(records.values())
+    started: set[int] = set()
     events = executor.run(subgraph, inputs, total=len(items), config=config)
     async with contextlib.aclosing(events):  # type: ignore[type-var]
         async for event in events:
@@ -133,7 +152,10 @@ async def run_remote(
             if not 0 <= index < len(items) or index in records:
                 continue
             if event.kind == "started":
-                run.emit("sibling_started", index=index)
+                if index not in started:
+                    started.add(index)
+                    run.count_started()
+                    run.emit("sibling_started", index=index)
             elif event.kind == "failed":
                 fail(index, dict(event.value or {}))
             else:
@@ -143,6 +165,6 @@ async def run_remote(
                     fail(index, error_record(exc, index, items[index]))
                     continue
                 records[index] = [index, "ok", value]
-                run.done += 1
+                run.count_done(failed=False)
                 run.emit("sibling_finished", index=index)
     return list(records.values())

@@ -39,6 +39,16 @@ How it is built, and why:
 - Cancelling the run cancels the fan_out task, which cancels the inner graph
   and every Send task in it; their queued LLM requests are withdrawn by the
   scheduler when their awaiting callers are cancelled.
+- Sync graphs: the run (gate, progress) lives on the background loop of
+  `langgraph_batch._loop`. The inner graph runs there with `ainvoke` when
+  the checkpointer has an async API; a sync-only one (`SqliteSaver`) raises
+  `NotImplementedError` when the inner graph reads its checkpoint, before
+  any sibling starts, and the inner graph then runs here with `invoke`: the
+  sibling node has a sync twin that calls `subgraph.invoke` in its thread.
+
+Modules: `_checks` (argument validation), `_spec` (options, items, KV
+capacity and gate sizing), `_run` (a run's live state, how it opens and
+closes), `_admission` (the gate); this one builds the node and the siblings.
 
 Records travel through the private `results` channel as plain lists
 (`[index, "ok", value]` or `[index, "error", {...}]`) so they survive any
@@ -48,52 +58,46 @@ into the `into` list, in input order.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hashlib
-import importlib
 import logging
 import operator
-import sys
 import traceback as tb
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, is_dataclass
-from typing import Annotated, Any, Literal, TypedDict
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.runnables.config import merge_configs
-from langgraph.config import get_stream_writer
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import START, StateGraph
 from langgraph.types import Send
+from typing_extensions import TypedDict
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch._loop import background_loop
-from langgraph_batch._progress import fan_out_event
 from langgraph_batch.errors import SiblingFailedError
-from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
+from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM
+from langgraph_batch.nodes._checks import validate_fan_out
 from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
-from langgraph_batch.scheduler.registry import loop_schedulers
+from langgraph_batch.nodes._run import (
+    RUN_KEY,
+    FanOutRun,
+    child_config,
+    close_empty,
+    close_run,
+    open_run,
+    thread_config,
+)
+from langgraph_batch.nodes._spec import DEFAULT_SIBLING_TOKENS, FanOutSpec
 
-__all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutNode", "SiblingError", "fan_out")
+__all__ = (
+    "DEFAULT_SIBLING_TOKENS",
+    "FanOutNode",
+    "SiblingError",
+    "SyncUnsupportedError",
+    "fan_out",
+)
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_SIBLING_TOKENS = 4096
-"""Estimated KV working set of one sibling before any has finished (sizes `max_active`)."""
-
-_RUN_KEY = "__lgb_fan_out_run"
-"""configurable key carrying the live `_FanOutRun` to the sibling tasks (never checkpointed)."""
-
-_METRICS_TIMEOUT_S = 2.0
-"""How long a fan_out waits for the server's metrics to size `max_active`."""
-
-_DISCOVER_TIMEOUT_S = 1.0
-"""How long after its first sibling started a fan_out without `scheduler=` looks for the
-scheduler its siblings' models create (admitting one sibling meanwhile)."""
-
-_DISCOVER_POLL_S = 0.02
 
 _OK = "ok"
 _ERR = "error"
@@ -172,255 +176,20 @@ class _InnerState(TypedDict, total=False):
     results: Annotated[list[list[Any]], operator.add]
 
 
-@dataclass(slots=True, kw_only=True)
-class _FanOutRun:
-    """Live state of one fan_out invocation, shared by its sibling tasks."""
-
-    node: str
-    group: str
-    total: int
-    admission: SiblingAdmission
-    scheduler: Any
-    writer: Callable[[Any], None]
-    done: int = 0
-    failed: int = 0
-
-    def emit(self, event: str, **fields: Any) -> None:
-        fields.setdefault("stats", _scheduler_stats(self.scheduler))
-        try:
-            self.writer(
-                fan_out_event(
-                    event,
-                    node=self.node,
-                    group=self.group,
-                    done=self.done,
-                    failed=self.failed,
-                    total=self.total,
-                    active=self.admission.active,
-                    **fields,
-                )
-            )
-        except Exception:  # progress must never break a run
-            logger.debug("fan_out %s: could not write a progress event", self.node, exc_info=True)
-
-
-def _noop_writer(_: Any) -> None:
-    return None
-
-
-def _stream_writer() -> Callable[[Any], None]:
-    try:
-        return get_stream_writer()
-    except Exception:  # called outside a graph run
-        return _noop_writer
-
-
-def _scheduler_stats(scheduler: Any) -> dict[str, Any] | None:
-    if scheduler is None or not callable(getattr(scheduler, "stats", None)):
-        return None
-    try:
-        stats = scheduler.stats()
-        if is_dataclass(stats) and not isinstance(stats, type):
-            raw = asdict(stats)
-        elif isinstance(stats, Mapping):
-            raw = dict(stats)
-        else:
-            return None
-    except Exception:
-        logger.debug("fan_out: scheduler.stats() failed", exc_info=True)
-        return None
-    return {k: v for k, v in raw.items() if isinstance(v, int | float | str | bool) or v is None}
-
-
-def _group_id(config: RunnableConfig) -> str:
-    """An id for this fan_out invocation: stable across resume when checkpointed."""
-    conf = config.get("configurable") or {}
-    ns = conf.get("checkpoint_ns")
-    if isinstance(ns, str) and ns:
-        # The namespace ends with this node's task id, which LangGraph derives
-        # from the checkpoint: the same when the run resumes, new otherwise.
-        raw = f"{conf.get('thread_id', '')}|{ns}"
-        return hashlib.sha256(raw.encode()).hexdigest()[:8]
-    return uuid.uuid4().hex[:8]
-
-
-async def _fetch_kv_capacity(scheduler: Any) -> int | None:
-    """Ask the scheduler's backend for its KV capacity when no metrics were polled yet."""
-    backend = getattr(scheduler, "backend", None)
-    if backend is None or not callable(getattr(backend, "metrics", None)):
-        return None
-    try:
-        async with asyncio.timeout(_METRICS_TIMEOUT_S):
-            metrics = await backend.metrics()
-    except Exception:  # unknown capacity means no cap, never a failed run
-        logger.debug("fan_out: could not read the server's KV capacity", exc_info=True)
-        return None
-    capacity = getattr(metrics, "kv_capacity_tokens", None)
-    return capacity if isinstance(capacity, int) else None
-
-
-def _loop_scheduler() -> Any:
-    """The one open scheduler the model calls created in the running loop, if exactly one."""
-    found = loop_schedulers()
-    return found[0] if len(found) == 1 else None
-
-
-def _forget_run(group: str) -> None:
-    """Drop what coalesced tools cached for this run (the tools module is optional here)."""
-    tools = sys.modules.get("langgraph_batch.tools")
-    forget = getattr(tools, "forget_run", None)
-    if callable(forget):
-        try:
-            forget(group)
-        except Exception:
-            logger.debug("fan_out: forget_run(%s) failed", group, exc_info=True)
-
-
 def _default_input(item: Any, index: int) -> Any:
     return item
-
-
-def _error_record(exc: BaseException, index: int, item: Any) -> dict[str, Any]:
-    return SiblingError.from_exception(exc, index=index, item=item).to_dict()
-
-
-@dataclass(slots=True, kw_only=True)
-class _Spec:
-    """The options of one FanOutNode, and what the node functions do with them.
-
-    Deliberately not a Runnable: LangGraph searches node functions' closures
-    for compiled graphs (xray), and a Runnable here would be searched first.
-    """
-
-    name: str
-    named: bool
-    """Whether `name` was given (else progress events use the graph's node name)."""
-    items: str | Callable[[Any], Sequence[Any]]
-    into: str
-    make_input: Callable[[Any, int], Any] | None
-    result: Callable[[Any], Any] | None
-    on_error: Literal["collect", "raise"]
-    max_active: int | None
-    scheduler: Any
-    sibling_tokens: int
-    kv_headroom: float = DEFAULT_KV_HEADROOM
-    executor: SiblingExecutor | None = None
-    """Runs the siblings elsewhere (`fan_out(executor=...)`); None: in this process."""
-    subgraph: Any = None
-    """The sibling graph, handed to `executor` (unused in-process)."""
-
-    def resolve_items(self, state: Any) -> list[Any]:
-        if callable(self.items):
-            seq = self.items(state)
-        else:
-            try:
-                seq = state[self.items]
-            except (KeyError, TypeError):
-                raise KeyError(
-                    f"fan_out {self.name!r}: the state has no key {self.items!r} to read "
-                    f"items from; pass items= the right key or a callable(state)"
-                ) from None
-        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence | set | frozenset):
-            raise TypeError(
-                f"fan_out {self.name!r}: items must be a sequence, got {type(seq).__name__}"
-            )
-        items = list(seq)
-        if self.make_input is None:
-            for i, item in enumerate(items):
-                if not isinstance(item, Mapping):
-                    raise TypeError(
-                        f"fan_out {self.name!r}: item {i} is a {type(item).__name__}, not a "
-                        f"mapping; pass make_input=lambda item, index: {{...}} to build each "
-                        f"sibling's input"
-                    )
-        return items
-
-    def resolve_scheduler(self) -> Any:
-        sched = self.scheduler
-        if isinstance(sched, str):
-            try:
-                # Imported by name: the scheduler package is optional at this layer.
-                registry = importlib.import_module("langgraph_batch.scheduler.registry")
-            except ImportError:
-                return None
-            try:
-                return registry.get_scheduler(sched)
-            except Exception:
-                logger.debug("fan_out: no scheduler named %s", sched, exc_info=True)
-                return None
-        return sched
-
-    async def resolve_kv_capacity(self, scheduler: Any) -> int | None:
-        """The server's KV capacity in tokens, or None when unknown."""
-        capacity = getattr(getattr(scheduler, "latest_metrics", None), "kv_capacity_tokens", None)
-        if capacity is None:
-            capacity = await _fetch_kv_capacity(scheduler)
-        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
-            return capacity
-        return None
-
-    async def resolve_max_active(self, scheduler: Any) -> int | None:
-        """The starting cap: explicit, else KV capacity // sibling_tokens, else None."""
-        if self.max_active is not None:
-            return self.max_active
-        capacity = await self.resolve_kv_capacity(scheduler)
-        return None if capacity is None else max(1, capacity // self.sibling_tokens)
-
-    async def size_later(self, admission: SiblingAdmission, run_done: asyncio.Event) -> None:
-        """Find the scheduler the first sibling's model created, then size the gate.
-
-        Runs while the gate admits one fresh sibling at a time; gives up (no
-        budget, as when the capacity is unknown) when none appears within
-        `_DISCOVER_TIMEOUT_S` or the run ends.
-        """
-        capacity: int | None = None
-        try:
-            loop = asyncio.get_running_loop()
-            deadline: float | None = None
-            while not run_done.is_set() and (deadline is None or loop.time() < deadline):
-                if deadline is None and admission.stats().resident:
-                    # The grace period starts when the first sibling runs.
-                    deadline = loop.time() + _DISCOVER_TIMEOUT_S
-                found = _loop_scheduler()
-                if found is not None:
-                    capacity = await self.resolve_kv_capacity(found)
-                    break
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_DISCOVER_POLL_S):
-                        await run_done.wait()
-        finally:
-            admission.set_kv_capacity(capacity, kv_headroom=self.kv_headroom)
-
-    async def make_admission(self, scheduler: Any) -> SiblingAdmission:
-        """The gate of one run: `max_active` plus the resident KV budget when capacity is known."""
-        capacity = await self.resolve_kv_capacity(scheduler)
-        return SiblingAdmission(
-            max_active=self.max_active,
-            kv_capacity=capacity,
-            kv_headroom=self.kv_headroom,
-            sibling_tokens=self.sibling_tokens,
-        )
-
-    def collect(self, run: _FanOutRun, records: Sequence[Sequence[Any]]) -> list[Any]:
-        by_index: dict[int, Any] = {}
-        for rec in records:
-            index, kind, value = int(rec[0]), rec[1], rec[2]
-            by_index[index] = SiblingError.from_dict(value) if kind == _ERR else value
-        missing = [i for i in range(run.total) if i not in by_index]
-        if missing:
-            # Cannot happen unless the checkpoint was edited: say so clearly.
-            raise RuntimeError(
-                f"fan_out {self.name!r}: no result for siblings {missing[:10]} "
-                f"(of {run.total}); the inner checkpoint is inconsistent"
-            )
-        return [by_index[i] for i in range(run.total)]
 
 
 class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
     """The node `fan_out` returns: add it with `StateGraph.add_node(name, node)`.
 
-    Runs in async graphs (`ainvoke`, `astream`) and sync ones (`invoke`, `stream`:
-    the node then runs on langgraph-batch's background event loop).
+    Runs in async graphs (`ainvoke`, `astream`) and sync ones (`invoke`,
+    `stream`). In a sync graph the run lives on langgraph-batch's background
+    event loop (where sync model calls meet their scheduler); with a
+    checkpointer that has no async API (`SqliteSaver`) the siblings then run
+    with `subgraph.invoke`, one thread each (at most the config's
+    `max_concurrency`, default min(N, 128)), and a sibling subgraph with
+    async-only nodes raises `SyncUnsupportedError` at the first call.
 
     Attributes:
         subgraph: the compiled graph each sibling runs.
@@ -443,30 +212,23 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         kv_headroom: float = DEFAULT_KV_HEADROOM,
         executor: SiblingExecutor | None = None,
     ) -> None:
-        if not callable(getattr(subgraph, "ainvoke", None)):
-            raise TypeError(
-                f"fan_out needs a compiled graph or Runnable with ainvoke, got {type(subgraph)!r}"
-            )
-        if not (isinstance(items, str) or callable(items)):
-            raise TypeError(f"items must be a state key or a callable(state), got {items!r}")
-        if not isinstance(into, str) or not into:
-            raise ValueError(f"into must be a non-empty state key, got {into!r}")
-        if on_error not in ("collect", "raise"):
-            raise ValueError(f"on_error must be 'collect' or 'raise', got {on_error!r}")
-        if max_active is not None and (isinstance(max_active, bool) or max_active < 1):
-            raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
-        if sibling_tokens < 1:
-            raise ValueError(f"sibling_tokens must be >= 1, got {sibling_tokens!r}")
-        if not 0.0 < kv_headroom <= 1.0:
-            raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
-        if executor is not None and not callable(getattr(executor, "run", None)):
-            raise TypeError(
-                f"executor must follow the SiblingExecutor protocol (a run() method), "
-                f"got {type(executor).__name__}"
-            )
+        validate_fan_out(
+            subgraph=subgraph,
+            items=items,
+            into=into,
+            make_input=make_input,
+            result=result,
+            on_error=on_error,
+            max_active=max_active,
+            scheduler=scheduler,
+            name=name,
+            sibling_tokens=sibling_tokens,
+            kv_headroom=kv_headroom,
+            executor=executor,
+        )
         node_name = name or f"fan_out[{getattr(subgraph, 'name', None) or 'subgraph'}]"
         self.subgraph = subgraph
-        self.spec = _Spec(
+        self.spec = FanOutSpec(
             name=node_name,
             named=name is not None,
             items=items,
@@ -496,7 +258,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
 
 
 def _build_runner(
-    spec: _Spec, inner: Any
+    spec: FanOutSpec, inner: Any
 ) -> tuple[Callable[..., dict[str, Any]], Callable[..., Any]]:
     """The parent-graph node functions, sync and async.
 
@@ -505,74 +267,74 @@ def _build_runner(
     """
 
     async def run_fan_out(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        return await _run_fan_out(spec, inner, state, config)
+        run = await open_run(spec, state, config)
+        if not run.total:
+            return close_empty(spec, run)
+        try:
+            if spec.executor is not None:
+                out = await _run_remote(spec, run, config)
+            else:
+                out = await inner.ainvoke({"items": run.items}, child_config(run, config))
+        finally:
+            close_run(run)
+        return _results(spec, run, out)
 
     def run_fan_out_sync(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        # Sync graphs (`graph.invoke`) run nodes in threads: run the node on the
-        # shared background loop, where the siblings' sync model calls meet
-        # their scheduler too. The parent's checkpointer must then support the
-        # async API (InMemorySaver, AsyncSqliteSaver, ... do).
-        return background_loop().run(_run_fan_out(spec, inner, state, config))
+        # Sync graphs (`graph.invoke`) run nodes in threads. The run's gate and
+        # the siblings' model calls live on the shared background loop, where
+        # the sync model calls meet their scheduler. The inner graph runs there
+        # too when the checkpointer has an async API (InMemorySaver,
+        # AsyncSqliteSaver, none); a sync-only one (SqliteSaver) makes it run
+        # here, with `invoke`, one thread per running sibling.
+        loop = background_loop()
+        run = loop.run(open_run(spec, state, config))
+        if not run.total:
+            return close_empty(spec, run)
+        child = child_config(run, config)
+        try:
+            if spec.executor is not None:
+                out = loop.run(_run_remote(spec, run, config))
+                return _results(spec, run, out)
+            try:
+                out = loop.run(inner.ainvoke({"items": run.items}, child))
+            except NotImplementedError:
+                # Raised by the checkpointer before any sibling started (the
+                # inner graph reads its checkpoint first): nothing ran yet.
+                if run.started:
+                    raise
+                logger.debug("fan_out %s: sync-only checkpointer, threads run siblings", run.node)
+                run.threads = True
+                out = inner.invoke({"items": run.items}, thread_config(run, child))
+        finally:
+            close_run(run, loop=loop)
+        return _results(spec, run, out)
 
     return run_fan_out_sync, run_fan_out
 
 
-async def _run_fan_out(
-    spec: _Spec, inner: Any, state: Any, config: RunnableConfig
-) -> dict[str, Any]:
-    """Run every sibling of one fan_out invocation and collect the results."""
-    items = spec.resolve_items(state)
-    remote = spec.executor is not None
-    scheduler = None if remote else spec.resolve_scheduler()
-    # Remote siblings are admitted by their workers: the parent's gate stays open.
-    admission = SiblingAdmission() if remote else await spec.make_admission(scheduler)
-    run_done = asyncio.Event()
-    sizer: asyncio.Task[None] | None = None
-    if not remote and scheduler is None and spec.max_active is None and items:
-        # No scheduler named: the siblings' models create one on their first
-        # call. Let one sibling in, find that scheduler, then size the gate.
-        admission.start_sizing()
-        sizer = asyncio.create_task(spec.size_later(admission, run_done))
-    label = spec.name
-    if not spec.named:
-        label = str((config.get("metadata") or {}).get("langgraph_node") or label)
-    run = _FanOutRun(
-        node=label,
-        group=_group_id(config),
-        total=len(items),
-        admission=admission,
-        scheduler=scheduler,
-        writer=_stream_writer(),
+async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) -> dict[str, Any]:
+    """The siblings on `spec.executor` (see `_remote`): same records as the inner graph's."""
+    records = await run_remote(
+        spec.executor,
+        spec.subgraph,
+        run.items,
+        run,
+        config,
+        make_input=spec.make_input or _default_input,
+        result=spec.result,
+        error_record=lambda exc, i, item: SiblingError.from_exception(
+            exc, index=i, item=item
+        ).to_dict(),
     )
-    run.emit("started", max_active=admission.max_active)
-    if not items:
-        run.emit("done")
-        return {spec.into: []}
-    child = merge_configs(config, {"configurable": {_RUN_KEY: run}})
-    try:
-        if spec.executor is not None:
-            records = await run_remote(
-                spec.executor,
-                spec.subgraph,
-                items,
-                run,
-                config,
-                make_input=spec.make_input or _default_input,
-                result=spec.result,
-                error_record=_error_record,
-            )
-        else:
-            out = await inner.ainvoke({"items": items}, child)
-            records = out.get("results") or []
-    finally:
-        run_done.set()
-        if sizer is not None and not sizer.done():
-            sizer.cancel()  # never awaited here: this task may itself be cancelled
-        _forget_run(run.group)
-    results = spec.collect(run, records)
+    return {"results": records}
+
+
+def _results(spec: FanOutSpec, run: FanOutRun, out: Mapping[str, Any]) -> dict[str, Any]:
+    """Collect the records in input order, announce the end, apply `on_error`."""
+    results = _collect(spec, run, out.get("results") or [])
     errors = [r for r in results if isinstance(r, SiblingError)]
     run.done, run.failed = len(results), len(errors)
-    run.emit("done", peak_active=admission.stats().peak_active)
+    run.emit("done", peak_active=run.admission.stats().peak_active)
     if errors and spec.on_error == "raise":
         first = errors[0]
         raise SiblingFailedError(
@@ -585,7 +347,35 @@ async def _run_fan_out(
     return {spec.into: results}
 
 
-def _build_inner(spec: _Spec, subgraph: Any) -> Any:
+class SyncUnsupportedError(TypeError):
+    """The sibling subgraph cannot run synchronously where fan_out must run it so.
+
+    A sync graph (`graph.invoke`) whose checkpointer has no async API
+    (`SqliteSaver`) runs its siblings with `subgraph.invoke`; a subgraph with
+    async-only nodes cannot. Use `await graph.ainvoke(...)` with an async
+    checkpointer (`AsyncSqliteSaver`), or give those nodes sync functions.
+
+    Raised for the whole fan_out (not one sibling's `SiblingError`): every
+    sibling would fail the same way.
+    """
+
+
+def _collect(spec: FanOutSpec, run: FanOutRun, records: Sequence[Sequence[Any]]) -> list[Any]:
+    by_index: dict[int, Any] = {}
+    for rec in records:
+        index, kind, value = int(rec[0]), rec[1], rec[2]
+        by_index[index] = SiblingError.from_dict(value) if kind == _ERR else value
+    missing = [i for i in range(run.total) if i not in by_index]
+    if missing:
+        # Cannot happen unless the checkpoint was edited: say so clearly.
+        raise RuntimeError(
+            f"fan_out {spec.name!r}: no result for siblings {missing[:10]} "
+            f"(of {run.total}); the inner checkpoint is inconsistent"
+        )
+    return [by_index[i] for i in range(run.total)]
+
+
+def _build_inner(spec: FanOutSpec, subgraph: Any) -> Any:
     """The inner graph: one Send task per item, each running `subgraph` (a closure variable)."""
 
     def dispatch(state: _InnerState) -> list[Send]:
@@ -595,21 +385,12 @@ def _build_inner(spec: _Spec, subgraph: Any) -> Any:
         ]
 
     async def sibling(payload: _SiblingPayload, config: RunnableConfig) -> dict[str, Any]:
-        run: _FanOutRun = (config.get("configurable") or {})[_RUN_KEY]
-        index: int = payload["index"]
-        item = payload["item"]
-        info = SiblingInfo(group=run.group, index=index, total=run.total, admission=run.admission)
-        child = merge_configs(
-            config,
-            {
-                "configurable": {"lgb_sibling_group": run.group, "lgb_sibling_index": index},
-                "metadata": {"lgb_sibling_group": run.group, "lgb_sibling_index": index},
-            },
-        )
-        make_input = spec.make_input or _default_input
+        run, info, child = _sibling_setup(payload, config)
+        index, item = payload["index"], payload["item"]
         try:
-            sibling_input = make_input(item, index)
+            sibling_input = (spec.make_input or _default_input)(item, index)
             with sibling_scope(info):
+                run.count_started()
                 await run.admission.acquire(info, returning=False)
                 try:
                     run.emit("sibling_started", index=index)
@@ -621,34 +402,104 @@ def _build_inner(spec: _Spec, subgraph: Any) -> Any:
         except GraphBubbleUp:
             raise
         except Exception as exc:
-            err = SiblingError.from_exception(exc, index=index, item=item)
-            run.done += 1
-            run.failed += 1
-            logger.debug(
-                "fan_out %s: sibling %s failed: %s: %s",
-                run.node,
-                index,
-                err.error_type,
-                err.message,
-                extra={"lgb_group": run.group, "lgb_index": index},
-            )
-            run.emit(
-                "sibling_failed",
-                index=index,
-                error_type=err.error_type,
-                message=err.message,
-                retryable=err.retryable,
-            )
-            return {"results": [[index, _ERR, err.to_dict()]]}
-        run.done += 1
-        run.emit("sibling_finished", index=index, turns=info.turn)
-        return {"results": [[index, _OK, value]]}
+            return _sibling_failed(run, index, item, exc)
+        return _sibling_finished(run, info, value)
+
+    def sibling_sync(payload: _SiblingPayload, config: RunnableConfig) -> dict[str, Any]:
+        # Only when the parent graph runs synchronously with a sync-only
+        # checkpointer (see run_fan_out_sync): this thread is the sibling's.
+        run, info, child = _sibling_setup(payload, config)
+        index, item = payload["index"], payload["item"]
+        loop = background_loop()
+        try:
+            sibling_input = (spec.make_input or _default_input)(item, index)
+            with sibling_scope(info):
+                run.count_started()
+                loop.run(run.admission.acquire(info, returning=False))
+                try:
+                    run.emit("sibling_started", index=index)
+                    final = subgraph.invoke(sibling_input, child)
+                finally:
+                    loop.call(run.admission.finish, info)
+            value = spec.result(final) if spec.result is not None else final
+        except GraphBubbleUp:
+            raise
+        except TypeError as exc:
+            if str(exc).startswith("No synchronous function provided"):
+                raise SyncUnsupportedError(
+                    f"fan_out {spec.name!r}: the graph runs synchronously (graph.invoke) with "
+                    f"a checkpointer that has no async API, so siblings run with "
+                    f"subgraph.invoke, but the sibling subgraph has async-only nodes ({exc}). "
+                    f"Use the async API (await graph.ainvoke(...), with AsyncSqliteSaver "
+                    f"instead of SqliteSaver), or give those nodes sync functions."
+                ) from None
+            return _sibling_failed(run, index, item, exc)
+        except Exception as exc:
+            return _sibling_failed(run, index, item, exc)
+        return _sibling_finished(run, info, value)
 
     builder = StateGraph(_InnerState)
-    # The typed overloads do not cover async (state, config) functions.
-    builder.add_node("sibling", sibling)  # type: ignore[call-overload]
+    builder.add_node("sibling", RunnableLambda(sibling_sync, afunc=sibling, name="sibling"))
     builder.add_conditional_edges(START, dispatch, ["sibling"])
     return builder.compile(name=f"{getattr(subgraph, 'name', None) or 'fan_out'}_siblings")
+
+
+def _sibling_setup(
+    payload: _SiblingPayload, config: RunnableConfig
+) -> tuple[FanOutRun, SiblingInfo, RunnableConfig]:
+    run: FanOutRun = (config.get("configurable") or {})[RUN_KEY]
+    index = payload["index"]
+    info = SiblingInfo(
+        group=run.group,
+        index=index,
+        total=run.total,
+        admission=run.admission,
+        run_id=run.run_id,
+        left=run.left,
+    )
+    child = merge_configs(
+        config,
+        {
+            "configurable": {"lgb_sibling_group": run.group, "lgb_sibling_index": index},
+            "metadata": {"lgb_sibling_group": run.group, "lgb_sibling_index": index},
+        },
+    )
+    return run, info, child
+
+
+def _sibling_failed(run: FanOutRun, index: int, item: Any, exc: Exception) -> dict[str, Any]:
+    err = SiblingError.from_exception(exc, index=index, item=item)
+    run.count_done(failed=True)
+    # The exception's message may quote anything (a URL with credentials, a
+    # tool's input): the log names the type only; the SiblingError in the
+    # results carries the message.
+    logger.warning(
+        "fan_out %s: sibling %d failed: %s (retryable: %s); its SiblingError holds the message",
+        run.node,
+        index,
+        err.error_type,
+        err.retryable,
+        extra={
+            "lgb_group": run.group,
+            "lgb_index": index,
+            "lgb_error_type": err.error_type,
+            "lgb_retryable": err.retryable,
+        },
+    )
+    run.emit(
+        "sibling_failed",
+        index=index,
+        error_type=err.error_type,
+        message=err.message,
+        retryable=err.retryable,
+    )
+    return {"results": [[index, _ERR, err.to_dict()]]}
+
+
+def _sibling_finished(run: FanOutRun, info: SiblingInfo, value: Any) -> dict[str, Any]:
+    run.count_done(failed=False)
+    run.emit("sibling_finished", index=info.index, turns=info.turn)
+    return {"results": [[info.index, _OK, value]]}
 
 
 def fan_out(
@@ -703,25 +554,27 @@ def fan_out(
         sibling_tokens: estimated KV tokens of one sibling's context, used
             until finished siblings teach the gate a measured one.
         kv_headroom: share of the KV capacity the resident siblings may fill.
-        executor: run the siblings elsewhere, e.g.
-            `RedisExecutor(url, graph="myapp.graphs:agent")` from
-            `langgraph_batch.distributed` sends them to `langgraph-batch
-            worker` processes. `make_input` and `result` still run here,
-            results keep input order, `on_error` and the progress events are
-            unchanged; `max_active`, `scheduler` and the KV options are not
-            used (each worker bounds its siblings with `--concurrency`).
-            None: in this process.
-
-            !!! version-added "Added in 0.2: executor"
+        executor: run the siblings elsewhere (None: in this process), e.g.
+            `langgraph_batch.distributed.RedisExecutor` on `langgraph-batch
+            worker` processes. `make_input`, `result`, input order, `on_error`
+            and progress events are as in-process; `max_active`, `scheduler`
+            and the KV options are the workers' (`--concurrency`).
 
     Returns:
         A `FanOutNode` to add with `builder.add_node("name", node)`.
 
     Raises:
-        TypeError: if `subgraph` cannot be invoked asynchronously or `items`
-            is neither a key nor a callable.
-        ValueError: for a bad `into`, `on_error`, `max_active` or `sibling_tokens`.
+        TypeError: if `subgraph` cannot be invoked asynchronously, `items` is
+            neither a key nor a callable, `make_input`/`result` is not
+            callable, or `scheduler` is not a Scheduler or a name.
+        ValueError: for a bad `into`, `on_error`, `max_active`, `name`,
+            `sibling_tokens` or `kv_headroom`.
         TypeError: for an `executor` without a `run` method.
+
+    At run time, items that are not a list or tuple (a set has no input
+    order; a generator or a mapping is not a sequence) raise `TypeError`.
+    Every failed sibling is logged at WARNING (its index and error type,
+    never the message, which may quote secrets).
 
     Example:
         ```python

@@ -31,6 +31,11 @@ class BatchPolicy:
     (`inflight_cap`, default 4 x `max_inflight`). To promise a server "never
     more than N", set `inflight_cap=N` (and `max_inflight <= N`).
 
+    The decode cap (`decode_cap`, on by default): with metrics that count
+    generated tokens, agent requests are also held near the concurrency past
+    which the engine's decode throughput stops growing, learned while the run
+    goes; one-shot requests (what `abatch` sends) are not.
+
     Example:
         ```python
         from langgraph_batch.scheduler import BatchPolicy, Scheduler
@@ -98,6 +103,21 @@ class BatchPolicy:
     warm_ttl_s: float = 60.0
     """A warm prefix not used for this long is warmed again (the server's
     cache may have evicted it)."""
+    decode_cap: bool = True
+    """With engine metrics that count generated tokens (vLLM, SGLang): hold
+    agent requests in flight near the concurrency past which the engine's
+    decode throughput stops growing, learned from those metrics while the run
+    goes (`DecodeCap`). Long-context decode is bandwidth-bound: a larger batch
+    there buys no throughput and delays every sibling. Agent requests are the
+    ones that can be followed by more work (tools bound, a multi-turn
+    conversation, or streamed); one-shot requests (single-turn, tool-free, not
+    streamed: what `abatch` sends) are only held by the in-flight limit. Only
+    with `adaptive`."""
+    decode_elasticity: float = 0.25
+    """How much throughput a larger decode cap must buy: a step up is taken
+    only when throughput grows at least this many times as fast as
+    concurrency (relative rises), 0 < e < 1. Lower favours throughput, higher
+    per-request latency."""
 
     def __post_init__(self) -> None:
         _check_int("max_inflight", self.max_inflight, 1)
@@ -154,6 +174,8 @@ class BatchPolicy:
             )
         if not self.warm_ttl_s > 0:
             raise ValueError(f"warm_ttl_s={self.warm_ttl_s!r} must be > 0")
+        if not 0 < self.decode_elasticity < 1:
+            raise ValueError(f"decode_elasticity={self.decode_elasticity!r} must be in (0, 1)")
 
     def warms_prefixes(self, flavor: str) -> bool:
         """Whether prefix warming is on for a backend of this flavour.

@@ -29,6 +29,17 @@ shrink the limit multiplicatively and end slow start. Without engine metrics
 the limit starts at `max_inflight` and only recovers towards it after a
 decrease, never beyond.
 
+The decode cap (`_decode_cap.py`, `BatchPolicy.decode_cap`): with engine
+metrics, agent requests (anything but one-shot, batchable ones) are also
+held to a cap learned from the engine's generated-token counter: the
+concurrency past which decode throughput stops growing (long-context decode
+is bandwidth-bound). It holds at its start (16) from the first request until
+the engine's first sample, and stands down for good when the engine does not
+count generated tokens (or no sample comes within a grace period). When every
+agent request belongs to a fan_out run, the cap is rounded so that what the
+runs have left goes in equal waves (`PolicyItem.left` reads the run's
+counter). The effective bound on agent requests is the smaller of the two.
+
 Prefix warming (when enabled): every item may carry a `prefix` key (a hash
 of the shared leading part of its prompt: system message(s) + tools). The
 first item with a key that is not warm becomes its LEADER and is queued
@@ -47,12 +58,13 @@ import enum
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph_batch.backends.base import EngineMetrics
 from langgraph_batch.scheduler._config import BatchPolicy, PriorityMode
+from langgraph_batch.scheduler._decode_cap import DecodeCap, RunDemand
 
 __all__ = (
     "BatchPolicy",
@@ -78,6 +90,15 @@ _WARM_MEMORY = 4096
 
 # Remember attained service for this many siblings (oldest forgotten first).
 _LAS_MEMORY = 100_000
+
+# Where the decode cap's search starts (like TCP's initial window, in
+# requests): it steps up from here while decode throughput keeps up, and
+# probes after (`_decode_cap.py`).
+_DECODE_START = 16
+
+# How long the decode cap waits for a first metrics sample before it stands
+# down (at least; 4 metrics intervals when that is longer).
+_DECODE_GRACE_S = 2.0
 
 
 class Outcome(enum.Enum):
@@ -121,6 +142,7 @@ class PolicyItem:
         "held_at",
         "in_batch",
         "leading",
+        "left",
         "payload",
         "prefix",
         "queued_s",
@@ -139,6 +161,7 @@ class PolicyItem:
         batchable: bool = False,
         payload: Any = None,
         prefix: Hashable | None = None,
+        left: Callable[[], int] | None = None,
     ) -> None:
         self.turn = turn
         """Turns (LLM calls) the caller has completed; more goes first in depth_first."""
@@ -152,6 +175,9 @@ class PolicyItem:
         """Whatever the runner attaches (the ChatRequest)."""
         self.prefix = prefix
         """Key of the shared prompt prefix (None: no prefix warming for this item)."""
+        self.left = left
+        """How many siblings of its fan_out run are not finished (read when the
+        decode cap is applied; None: not in a fan_out run)."""
         self.leading = False
         """This item is warming its prefix (the runner reports its first token)."""
         self.held_at = 0.0
@@ -270,6 +296,28 @@ class BatchPolicyCore:
         self._util_t: float | None = None
         self._util_t0: float | None = None
         self.latest_metrics: EngineMetrics | None = None
+        # The decode cap (see `_decode_cap.py`): agent requests in flight, the
+        # in-flight integral since the last metrics sample, and whether the cap
+        # held an agent request back since then.
+        self._decode: DecodeCap | None = None
+        if adapting and policy.decode_cap:
+            self._decode = DecodeCap(
+                ceiling=policy.hard_cap,
+                floor=policy.min_inflight,
+                start=min(_DECODE_START, policy.hard_cap),
+                elasticity=policy.decode_elasticity,
+            )
+        self._capped = 0
+        self._demand = RunDemand()
+        self._area = 0.0
+        self._area_t0: float | None = None
+        self._decode_bound = False
+        self._idle = True
+        # Until the engine's first metrics sample the cap is provisional (held at
+        # its start): it goes when a sample lacks the generated-token counter, or
+        # when none came within this long after the first request.
+        self._decode_grace = max(_DECODE_GRACE_S, 4.0 * policy.metrics_interval_s)
+        self._decode_deadline: float | None = None
         self._warming = warming
         self._warm_ttl = policy.warm_ttl_s
         self._warm: OrderedDict[Hashable, float] = OrderedDict()
@@ -331,6 +379,22 @@ class BatchPolicyCore:
         free = self._ilimit - self._in_flight
         return free if free > 0 else 0
 
+    @property
+    def decode_limit(self) -> int | None:
+        """The decode cap on agent requests in flight now (None: not capping).
+
+        With engine metrics it holds from the first request (at its start
+        until the engine's first sample) and stands down when the engine does
+        not count generated tokens; see `BatchPolicy.decode_cap`.
+        """
+        d = self._decode
+        return d.limit if d is not None else None
+
+    @property
+    def decode_cap(self) -> DecodeCap | None:
+        """The decode cap's learner (None: off, or no engine metrics)."""
+        return self._decode
+
     def inflight_by_sibling(self) -> dict[Hashable, int]:
         """Slots held per sibling id (siblings with none are absent)."""
         return dict(self._by_sibling)
@@ -380,6 +444,8 @@ class BatchPolicyCore:
         item.entry = entry
         item.enqueued_at = now
         item.in_batch = False
+        if not item.batchable:
+            self._track(item, 1)
         if self._warming and item.prefix is not None and not self._admit_prefix(item, now):
             item.state = HELD
             item.held_at = now
@@ -426,6 +492,10 @@ class BatchPolicyCore:
             or (item.batchable and self._batching)
         ):
             return False
+        if not item.batchable and self._decode is not None:
+            room = self._decode_room(now)
+            if room is not None and room <= 0:
+                return False
         if self._warming and item.prefix is not None and not self._admit_prefix(item, now):
             return False
         if item.seq < 0:
@@ -433,6 +503,8 @@ class BatchPolicyCore:
             self._seq += 1
         item.enqueued_at = now
         item.in_batch = False
+        if not item.batchable:
+            self._track(item, 1)
         self._grant(item, now)
         return True
 
@@ -451,6 +523,8 @@ class BatchPolicyCore:
         """
         if item.state == HELD:
             item.state = WITHDRAWN
+            if not item.batchable:
+                self._track(item, -1)
             self._held_count -= 1
             self.held_s += now - item.held_at
             held = self._held[item.prefix]
@@ -461,6 +535,8 @@ class BatchPolicyCore:
         if item.state != QUEUED:
             return False
         item.state = WITHDRAWN
+        if not item.batchable:
+            self._track(item, -1)
         self._dead += 1
         in_bheap = self._batching and item.batchable and not item.leading
         if item.leading:
@@ -502,8 +578,13 @@ class BatchPolicyCore:
         free = self._ilimit - self._in_flight
         ready = self._batch_ready(now, plan)
         heap = self._heap
+        room = self._decode_room(now) if self._decode is not None else None
         while free > 0:
             e = self._peek(heap) if self._queued else None
+            if e is not None and room is not None and room <= 0 and not e[2].batchable:
+                # The decode cap holds the plain queue (in priority order) back.
+                self._decode_bound = True
+                e = None
             be = self._peek(self._bheap) if ready else None
             if e is None:
                 if be is None:
@@ -515,6 +596,8 @@ class BatchPolicyCore:
                 self._grant(item, now)
                 plan.dispatch.append(item)
                 free -= 1
+                if room is not None and not item.batchable:
+                    room -= 1
                 continue
             batch = self._take_batch(min(free, self._max_batch), now)
             plan.batches.append(batch)
@@ -537,6 +620,11 @@ class BatchPolicyCore:
         self._account(now)
         item.state = DONE
         self._in_flight -= 1
+        if not item.batchable:
+            self._capped -= 1
+            self._track(item, -1)
+        if not self._in_flight:
+            self._idle = True
         sid = item.sibling_id
         if sid is not None:
             n = self._by_sibling[sid] - 1
@@ -605,6 +693,11 @@ class BatchPolicyCore:
         self._sample_unspent = False
         saturated = self._saturated
         self._saturated = bool(self._queued or self._bqueued) and self._in_flight >= self._ilimit
+        if self._decode is not None:
+            if metrics.generation_tokens_total is None:
+                self._decode = None  # the engine does not count generated tokens
+            else:
+                self._observe_decode(metrics, now)
         if not self.policy.adaptive or not self._has_metrics:
             return
         pre = metrics.num_preemptions_total
@@ -651,6 +744,9 @@ class BatchPolicyCore:
         self._held.clear()
         self._held_count = 0
         self._leaders.clear()
+        for it in items:
+            if not it.batchable:
+                self._track(it, -1)
         return items
 
     # ---------------------------------------------------------- prefix warming
@@ -717,6 +813,67 @@ class BatchPolicyCore:
         best.leading = True
         self._push(best, now)
 
+    # -------------------------------------------------------------- decode cap
+
+    def _observe_decode(self, metrics: EngineMetrics, now: float) -> None:
+        # Feed the decode cap one sample: the engine's counters, our mean in
+        # flight since the last one, whether we had nothing in flight for a
+        # moment, and whether the cap held an agent request back meanwhile.
+        decode = self._decode
+        assert decode is not None
+        generated = metrics.generation_tokens_total
+        assert generated is not None
+        prompt, hits = metrics.prompt_tokens_total, metrics.prefix_cache_hits_total
+        prefill = None if prompt is None or hits is None else prompt - hits
+        self._account(now)
+        t0 = self._area_t0
+        mean = self._area / (now - t0) if t0 is not None and now > t0 else float(self._in_flight)
+        self._area = 0.0
+        self._area_t0 = now
+        bound = self._decode_bound
+        if not bound and self._queued:
+            room = self._decode_room(now)
+            bound = room is not None and room <= 0
+        self._decode_bound = False
+        busy = not self._idle and self._in_flight > 0
+        self._idle = self._in_flight == 0
+        decode.observe(
+            now,
+            generated=generated,
+            prefill=prefill,
+            in_flight=mean,
+            busy=busy,
+            bound=bound,
+            engines=metrics.engines or 1,
+        )
+
+    def _decode_room(self, now: float) -> int | None:
+        """Agent items that may start now under the decode cap (None: no cap).
+
+        The cap is rounded so that what the fan_out runs have left runs in
+        equal waves, never a small last one (`DecodeCap.wave`). Before the
+        engine's first metrics sample it is held at its start, for at most
+        the grace period after the first request (then it stands down: the
+        engine's metrics do not arrive).
+        """
+        decode = self._decode
+        assert decode is not None
+        if not decode.active:
+            deadline = self._decode_deadline
+            if deadline is None:
+                self._decode_deadline = now + self._decode_grace
+            elif now > deadline:
+                self._decode = None
+                return None
+        return decode.wave(self._demand.siblings_left()) - self._capped
+
+    def _track(self, item: PolicyItem, delta: int) -> None:
+        # Count an agent item in (+1) or out (-1) of the demand.
+        if delta > 0:
+            self._demand.add(item.group, item.left)
+        else:
+            self._demand.remove(item.group, item.left)
+
     # -------------------------------------------------------------- internals
 
     def _batch_ready(self, now: float, plan: Plan) -> bool:
@@ -751,6 +908,8 @@ class BatchPolicyCore:
         item.dispatched_at = now
         item.queued_s += now - item.enqueued_at
         self._in_flight += 1
+        if not item.batchable:
+            self._capped += 1
         if item.leading:
             self.warmups += 1
         sid = item.sibling_id
@@ -804,6 +963,7 @@ class BatchPolicyCore:
             return
         if now > t:
             self._util_area += (now - t) * min(1.0, self._in_flight / self._ilimit)
+            self._area += (now - t) * self._in_flight
             self._util_t = now
 
 

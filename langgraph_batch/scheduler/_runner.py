@@ -11,10 +11,12 @@ Division of work (cheapest design that keeps cancellation exact):
 - The RUNNER task (one per scheduler, created lazily in the running loop)
   only wakes when something may be dispatched: it asks the policy for a
   plan, resolves the winners' futures, starts one task per batch
-  (`complete_batch`, which resolves every member's future), arms a timer
+  (`complete_batch_settled`, which resolves every member's future with its own
+  response or error), arms a timer
   for open batch windows and polls engine metrics. It never polls in a loop.
 - Retries back off WITHOUT a slot; a streamed request that already
-  delivered chunks is never retried.
+  delivered content or tool-call chunks is never retried (one that failed
+  before its first content chunk is retried like any call).
 - If the runner dies, every waiter and every later `submit` gets
   `SchedulerDeadError` carrying the cause.
 - Prefix warming (`BatchPolicy.prefix_warming`, on by default for SGLang
@@ -53,6 +55,7 @@ from langgraph_batch.errors import (
     BackendRateLimitError,
     BackendServerError,
     BatchTimeoutError,
+    MalformedToolCallError,
     SchedulerClosedError,
     SchedulerDeadError,
     SchedulerError,
@@ -67,6 +70,7 @@ from langgraph_batch.scheduler._policy import (
     PolicyItem,
 )
 from langgraph_batch.scheduler._prefix import prefix_key
+from langgraph_batch.scheduler._retry import backoff, log_failure, log_retry, retryable
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
 __all__ = ("Scheduler", "SchedulerState")
@@ -251,6 +255,8 @@ class Scheduler:
             warmups=core.warmups,
             warm_held=core.held_total,
             warm_held_s=core.held_s,
+            malformed_tool_calls=rec.malformed_tool_calls,
+            decode_cap=core.decode_limit,
         )
 
     def __repr__(self) -> str:
@@ -380,16 +386,20 @@ class Scheduler:
         max_retries: int | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - part of the contract; covers retries too
         on_chunk: Callable[[ChatChunk], None] | None = None,
+        check: Callable[[ChatResponse], None] | None = None,
     ) -> ChatResponse:
         """Queue a request, wait for a slot, run it (retrying), return the response.
 
         Args:
             request: the chat completion to run.
             turn: LLM calls the caller has completed (default: `sibling.turn`, else 0).
-            sibling: the calling sibling (`current_sibling()`), for priority and stats.
+            sibling: the calling sibling (`current_sibling()`), for priority, stats and logs.
             max_retries: retries of retryable errors (default: the policy's).
             timeout: seconds for queue wait + call + retries (default: the policy's).
             on_chunk: called with every streamed delta (needs `request.stream`).
+            check: called with each response; a retryable error it raises (e.g.
+                `MalformedToolCallError`) is retried like a failed call, within
+                `max_retries`, unless content already streamed to the caller.
 
         Returns:
             The backend's response.
@@ -398,7 +408,8 @@ class Scheduler:
             BatchTimeoutError: `timeout` expired (says how long it was queued).
             SchedulerClosedError: the scheduler is closed.
             SchedulerDeadError: the scheduler's runner died.
-            BackendError: the call failed (non-retryable, or out of retries).
+            BackendError: the call failed (non-retryable, out of retries, or
+                failed after content streamed to the caller).
             asyncio.CancelledError: the caller was cancelled (request withdrawn
                 or aborted), re-raised.
 
@@ -434,6 +445,7 @@ class Scheduler:
                 batchable=request.batchable,
                 payload=request,
                 prefix=prefix,
+                left=sibling.left,
             )
         else:
             item = PolicyItem(
@@ -443,24 +455,30 @@ class Scheduler:
             item.payload = request = replace(request, priority=self._engine_priority(item))
         try:
             if timeout is None:
-                return await self._execute(loop, item, request, max_retries, on_chunk)
+                return await self._execute(
+                    loop, item, request, max_retries, on_chunk, sibling, check
+                )
             cm = asyncio.timeout(timeout)
             try:
                 async with cm:
-                    return await self._execute(loop, item, request, max_retries, on_chunk)
+                    return await self._execute(
+                        loop, item, request, max_retries, on_chunk, sibling, check
+                    )
             except TimeoutError as exc:
                 if not cm.expired():
                     raise
                 self._stats.timed_out += 1
                 self._stats.failed += 1
-                raise BatchTimeoutError(
+                err = BatchTimeoutError(
                     f"request {request.request_id or '<no id>'} did not finish within "
                     f"{timeout} s ({item.queued_s:.3f} s of it waiting for a slot). Raise "
                     "`timeout`, or lower the load (fewer siblings, higher max_inflight).",
                     timeout_s=timeout,
                     queued_s=item.queued_s,
                     request_id=request.request_id or None,
-                ) from exc
+                )
+                log_failure(self.name, request.request_id, sibling, err, attempt=0)
+                raise err from exc
         except asyncio.CancelledError:
             self._stats.cancelled += 1
             raise
@@ -480,6 +498,8 @@ class Scheduler:
         request: ChatRequest,
         max_retries: int,
         on_chunk: Callable[[ChatChunk], None] | None,
+        sibling: SiblingInfo | None,
+        check: Callable[[ChatResponse], None] | None,
     ) -> ChatResponse:
         core = self._core
         clock = time.monotonic
@@ -489,8 +509,11 @@ class Scheduler:
         if on_chunk is not None and request.stream:
 
             def cb(chunk: ChatChunk) -> None:
+                # Only content and tool-call fragments reach the caller's output; a
+                # stream that fails before the first of them is retried like any call.
                 nonlocal delivered
-                delivered += 1
+                if chunk.content or chunk.tool_call_chunks:
+                    delivered += 1
                 on_chunk(chunk)
 
         attempt = 0
@@ -511,26 +534,35 @@ class Scheduler:
                         self._abandon(item)
                         raise
                     resp = res if res is not None else await self._call(item, request, cb)
+                if check is not None:
+                    check(resp)
             except Exception as exc:
-                if (
-                    attempt >= max_retries
-                    or not getattr(exc, "is_retryable", False)
-                    or delivered
-                    or isinstance(exc, SchedulerError)
-                    or self._state is not SchedulerState.OPENED
+                if isinstance(exc, MalformedToolCallError):
+                    self._stats.malformed_tool_calls += 1
+                if self._state is not SchedulerState.OPENED or not retryable(
+                    exc, attempt=attempt, max_retries=max_retries, delivered=delivered
                 ):
                     self._stats.failed += 1
+                    log_failure(
+                        self.name,
+                        request.request_id,
+                        sibling,
+                        exc,
+                        attempt=attempt,
+                        delivered=delivered,
+                    )
                     raise
                 attempt += 1
                 self._stats.retries += 1
-                delay = self._backoff(attempt, exc)
-                logger.debug(
-                    "scheduler %r: retry %d of %s in %.3f s after %r",
+                delay = backoff(self._policy, self._rng, attempt, exc)
+                log_retry(
                     self.name,
-                    attempt,
                     request.request_id,
-                    delay,
+                    sibling,
                     exc,
+                    attempt=attempt,
+                    max_retries=max_retries,
+                    delay=delay,
                 )
                 await asyncio.sleep(delay)
                 if self._state is not SchedulerState.OPENED:
@@ -541,15 +573,6 @@ class Scheduler:
                 queue_wait=item.queued_s, latency=clock() - t0, usage=resp.usage
             )
             return resp
-
-    def _backoff(self, attempt: int, exc: BaseException) -> float:
-        p = self._policy
-        ceiling = min(p.backoff_max_s, p.backoff_base_s * (2 ** (attempt - 1)))
-        delay = self._rng.uniform(0.0, ceiling)
-        retry_after = getattr(exc, "retry_after_s", None)
-        if retry_after is not None and retry_after > delay:
-            delay = float(retry_after)
-        return delay
 
     async def _call(
         self,
@@ -702,10 +725,11 @@ class Scheduler:
     async def _run_batch(self, batch: list[PolicyItem]) -> None:
         requests = [item.payload for item in batch]
         try:
-            results = await self._backend.complete_batch(requests)
+            # One outcome per member: a bad member fails only its own caller.
+            results = await self._backend.complete_batch_settled(requests)
             if len(results) != len(batch):
                 raise BackendError(
-                    f"complete_batch returned {len(results)} responses for {len(batch)} "
+                    f"complete_batch_settled returned {len(results)} outcomes for {len(batch)} "
                     f"requests ({type(self._backend).__name__} breaks the Backend contract)"
                 )
         except asyncio.CancelledError:
@@ -722,10 +746,15 @@ class Scheduler:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
-        for item, resp in zip(batch, results, strict=True):
-            self._release(item, Outcome.OK)
-            if not item.future.done():
-                item.future.set_result(resp)
+        for item, result in zip(batch, results, strict=True):
+            if isinstance(result, BaseException):
+                self._release(item, _outcome_of(result))
+                if not item.future.done():
+                    item.future.set_exception(result)
+            else:
+                self._release(item, Outcome.OK)
+                if not item.future.done():
+                    item.future.set_result(result)
 
     async def _poll_metrics(self) -> None:
         interval = self._policy.metrics_interval_s

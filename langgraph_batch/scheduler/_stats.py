@@ -41,7 +41,7 @@ class SchedulerStats:
     failed: int
     """Requests that raised (after their retries), timeouts included."""
     retries: int
-    """Retry attempts made."""
+    """Retry attempts made (malformed tool calls included)."""
     cancelled: int
     """Requests whose caller was cancelled (queued or in flight)."""
     timed_out: int
@@ -78,6 +78,12 @@ class SchedulerStats:
     """Requests held until a sibling warmed their shared prefix."""
     warm_held_s: float = 0.0
     """Seconds requests spent held behind prefix warm-ups, summed."""
+    malformed_tool_calls: int = 0
+    """Responses rejected because a tool call was malformed (retried or raised as
+    `MalformedToolCallError`)."""
+    decode_cap: int | None = None
+    """Agent requests the decode cap lets decode at once now, learned from the
+    engine's metrics (None: not capping; see `BatchPolicy.decode_cap`)."""
 
 
 class StatsRecorder:
@@ -101,6 +107,7 @@ class StatsRecorder:
         "completion_tokens",
         "failed",
         "latency",
+        "malformed_tool_calls",
         "prompt_tokens",
         "queue_wait",
         "retries",
@@ -113,6 +120,7 @@ class StatsRecorder:
         self.retries = 0
         self.cancelled = 0
         self.timed_out = 0
+        self.malformed_tool_calls = 0
         self.batches = 0
         self.batch_items = 0
         self.batch_max = 0

@@ -101,6 +101,7 @@ def scheduler_for(
     backend_factory: BackendFactory,
     policy: BatchPolicy | None = None,
     name: str | None = None,
+    backend_key: str | None = None,
 ) -> Scheduler:
     """The shared scheduler for `key` in the running event loop, created on first use.
 
@@ -119,12 +120,16 @@ def scheduler_for(
         backend_factory: builds the backend when a scheduler must be created.
         policy: the policy of a newly created scheduler.
         name: also make the scheduler findable by `get_scheduler(name)` in this loop.
+        backend_key: with a `name` that is not registered: the key of the backend
+            the caller means to use. A scheduler an earlier caller created under
+            that name for another backend key (other credentials) is refused.
 
     Returns:
         The scheduler (its runner starts on the first submit).
 
     Raises:
         RuntimeError: no event loop is running.
+        ValueError: `backend_key` differs from the named scheduler's backend.
 
     Example:
         ```python
@@ -133,6 +138,7 @@ def scheduler_for(
         ```
     """
     loop = asyncio.get_running_loop()
+    recipe = None
     with _lock:
         if name is not None:
             inst = _instances.get(name)
@@ -154,6 +160,12 @@ def scheduler_for(
             per_loop[key] = s
         if name is not None:
             _names_by_loop.setdefault(loop, {})[name] = key
+            if backend_key is not None and recipe is None and s.backend.key != backend_key:
+                raise ValueError(
+                    f"scheduler {name!r} was created for {s.backend.key}, but this caller "
+                    f"uses {backend_key}: callers that share a scheduler share its endpoint "
+                    "and credentials. Use another scheduler name, or register_scheduler(...)."
+                )
         return s
 
 

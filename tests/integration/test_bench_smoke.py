@@ -152,3 +152,36 @@ def test_bench_w4_small_sums_counters_over_replicas(tmp_path: Path) -> None:
         > contenders["langgraph-batch"]["prefill_tokens_computed"]
     )
     assert contenders["ideal"]["replicas"] == 2
+
+
+@pytest.mark.timeout(150)
+def test_bench_w7_small_runs_the_single_turn_contenders(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "langgraph_batch.cli", "bench", "W7", "--n", "6",
+        "--contenders", "abatch-bounded,langgraph-batch,langgraph-batch-fan-out,"
+        "langgraph-batch-nobatch,ideal",
+        "--time-scale", "10", "--out", str(tmp_path),
+    ]  # fmt: skip
+    env = dict(os.environ, LANGSMITH_TRACING="false")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=140, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "W7.json").read_text())
+    contenders = data["contenders"]
+    for name in ("abatch-bounded", "langgraph-batch", "langgraph-batch-fan-out"):
+        entry = contenders[name]
+        assert entry["failures"] == 0, entry["errors"]
+        assert entry["llm_requests"] == 6
+        # Every answer is exactly the workload's 150 tokens (max_tokens + ignore_eos).
+        assert entry["generation_tokens"] == 6 * 150
+        assert entry["shape"]["held"] is True, entry["shape"]
+        assert len(entry["timeline"]) == 6
+    assert contenders["langgraph-batch-nobatch"]["generation_tokens"] == 6 * 150
+    ideal = contenders["ideal"]
+    assert ideal["decode_tokens"] == 6 * 150
+    assert ideal["makespan_s"] > 0
+    goals = {g["goal"]: g for g in data["goals"]}
+    assert set(goals) == {
+        "langgraph-batch: throughput >= 90% of the ideal bound",
+        "langgraph-batch-fan-out: throughput >= 90% of the ideal bound",
+    }
+    assert "HTTP batching (diagnostic)" in (tmp_path / "W7.md").read_text()

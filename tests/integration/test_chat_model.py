@@ -12,7 +12,8 @@ from pydantic import BaseModel
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch.chat_model import BatchedChatModel
-from langgraph_batch.errors import BackendServerError, ModelNotFoundError
+from langgraph_batch.errors import BackendServerError, MalformedToolCallError, ModelNotFoundError
+from langgraph_batch.scheduler import BatchPolicy
 
 MODEL = "emulated-llama-3-8b"
 
@@ -36,7 +37,9 @@ def make(url: str, **kw: Any) -> BatchedChatModel:
 
 
 async def test_invoke_and_stream_usage(emulator_url: str) -> None:
-    llm = make(emulator_url, max_tokens=32)
+    # 48 tokens: enough decode steps that the stream arrives as several events even
+    # when the emulator's loop is slow to wake (it sends what arrived since then).
+    llm = make(emulator_url, max_tokens=64, emulator={"output_tokens": 48})
     msg = await llm.ainvoke("hello there")
     assert msg.text
     assert msg.usage_metadata is not None
@@ -101,12 +104,55 @@ async def test_structured_output_json_schema(emulator_url: str) -> None:
     assert isinstance(raw["parsed"], Fact)
 
 
-async def test_malformed_tool_arguments_become_invalid_tool_calls(emulator_url: str) -> None:
-    llm = make(emulator_url, emulator={"turns": 2, "fault": "bad_tool_args"}).bind_tools([lookup])
+async def test_malformed_tool_arguments_raise_after_retries(emulator_url: str) -> None:
+    fast = BatchPolicy(backoff_base_s=0.001, backoff_max_s=0.001)
+    emulator = {"turns": 2, "fault": "bad_tool_args"}
+    for streaming in (False, True):
+        llm = make(emulator_url, emulator=emulator, policy=fast, max_retries=2, streaming=streaming)
+        with pytest.raises(MalformedToolCallError) as info:
+            await llm.bind_tools([lookup]).ainvoke("Tell me about key=Lima")
+        assert info.value.tool_name == "lookup"
+        # Not streamed: retried twice. Streamed: the call's chunks reached the caller
+        # before the arguments turned out broken, so it is not replayed.
+        assert info.value.attempts == (1 if streaming else 3)
+
+
+async def test_malformed_tool_arguments_can_be_returned(emulator_url: str) -> None:
+    llm = make(
+        emulator_url, emulator={"turns": 2, "fault": "bad_tool_args"}, invalid_tool_calls="return"
+    ).bind_tools([lookup])
     msg = await llm.ainvoke("Tell me about key=Lima")
     assert msg.tool_calls == []
     assert msg.invalid_tool_calls
     assert msg.invalid_tool_calls[0]["name"] == "lookup"
+
+
+async def test_a_storm_of_malformed_calls_is_retried_never_passed_off_as_valid(
+    start_emulator: Any,
+) -> None:
+    url = await asyncio.to_thread(start_emulator, fault_rate=0.4, faults=("bad_tool_args",), seed=3)
+    llm = make(
+        url,
+        emulator={"turns": 2},
+        policy=BatchPolicy(backoff_base_s=0.001, backoff_max_s=0.001),
+        max_retries=4,
+    ).bind_tools([lookup])
+    cities = [f"City{i}" for i in range(40)]
+    results = await asyncio.gather(
+        *(llm.ainvoke(f"Tell me about key={c}") for c in cities), return_exceptions=True
+    )
+    ok = 0
+    for city, result in zip(cities, results, strict=True):
+        if isinstance(result, BaseException):
+            assert isinstance(result, MalformedToolCallError), result
+            continue
+        ok += 1
+        assert result.invalid_tool_calls == []
+        assert result.tool_calls[0]["args"] == {"city": city}
+    assert ok >= 35
+    stats = BatchedChatModel(model=MODEL, base_url=url).get_scheduler().stats()
+    assert stats.malformed_tool_calls > 0
+    assert stats.retries >= stats.malformed_tool_calls - (len(cities) - ok)
 
 
 async def test_errors_surface_as_backend_errors(emulator_url: str) -> None:

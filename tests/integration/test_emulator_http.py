@@ -186,3 +186,12 @@ async def test_sglang_generate_batch_and_stream(start_emulator: Callable[..., st
         metrics = (await client.get("/metrics")).text
     assert "sglang:num_running_reqs" in metrics
     assert "emulator:max_lag_seconds" in metrics
+    # The counters the decode cap reads: generated tokens and the prefill computed.
+    from langgraph_batch.backends.sglang import parse_sglang_metrics
+
+    parsed = parse_sglang_metrics(metrics)
+    assert parsed.generation_tokens_total is not None
+    assert parsed.generation_tokens_total >= 9
+    assert parsed.prompt_tokens_total is not None
+    assert parsed.prefix_cache_hits_total is not None
+    assert parsed.prefix_cache_hits_total <= parsed.prompt_tokens_total

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -159,3 +160,29 @@ def test_launch_scripts_carry_the_documented_flags() -> None:
     for flag in SGLANG_FLAGS:
         assert flag in sglang, flag
         assert flag in (DEPLOY / "sglang" / "README.md").read_text(), flag
+
+
+def test_bench_recipe_serves_random_weights_on_loopback(tmp_path: Path) -> None:
+    # A stand-in `vllm` prints the command line the recipe would run.
+    fake = tmp_path / "vllm"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", MODEL="/models/llama3")
+    out = subprocess.run(
+        [str(DEPLOY / "vllm" / "bench.sh"), "--seed", "1"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert out[:2] == ["serve", "/models/llama3"]
+    assert out[out.index("--host") + 1] == "127.0.0.1"
+    assert out[out.index("--load-format") + 1] == "dummy"
+    config = json.loads(out[out.index("--structured-outputs-config") + 1])
+    assert config == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert "--enable-prefix-caching" in out
+    assert "--disable-log-stats" not in out
+    assert out[-2:] == ["--seed", "1"]  # extra flags pass through
+    missing = subprocess.run(
+        [str(DEPLOY / "vllm" / "bench.sh")],
+        capture_output=True, text=True, env={k: v for k, v in env.items() if k != "MODEL"},
+    )  # fmt: skip
+    assert missing.returncode != 0
+    assert "MODEL" in missing.stderr

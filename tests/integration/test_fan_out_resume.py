@@ -1,5 +1,8 @@
 """A fan_out run killed with SIGKILL after k siblings finished resumes and re-runs only the rest.
 
+Both ways of running a graph: async (`ainvoke`, `AsyncSqliteSaver`) and sync
+(`invoke`, `SqliteSaver`, whose siblings run in threads).
+
 The test starts this file as a script in a subprocess (SQLite checkpointer),
 waits until k siblings' results are saved as pending writes, kills the
 process, then resumes the thread in a new process and counts how many times
@@ -35,23 +38,33 @@ class Sub(TypedDict, total=False):
     y: int
 
 
-def build_graph(mode: str, side: Path, checkpointer: Any) -> Any:
+def build_graph(mode: str, side: Path, checkpointer: Any, *, sync: bool = False) -> Any:
+    import threading
+
     from langgraph.graph import START, StateGraph
 
     from langgraph_batch._context import current_sibling
     from langgraph_batch.nodes import fan_out
 
-    async def work(state: Sub) -> dict[str, Any]:
+    def record() -> bool:
         sib = current_sibling()
         assert sib is not None
         with side.open("a") as f:
             f.write(json.dumps({"start": sib.index, "group": sib.group}) + "\n")
-        if mode == "first" and sib.index >= FINISH_FIRST:
+        return mode == "first" and sib.index >= FINISH_FIRST
+
+    async def work(state: Sub) -> dict[str, Any]:
+        if record():
             await asyncio.Event().wait()  # blocks until the process is killed
         return {"y": state["x"] * 100}
 
+    def work_sync(state: Sub) -> dict[str, Any]:
+        if record():
+            threading.Event().wait()  # blocks until the process is killed
+        return {"y": state["x"] * 100}
+
     sub = StateGraph(Sub)
-    sub.add_node("work", work)
+    sub.add_node("work", work_sync if sync else work)
     sub.add_edge(START, "work")
     node = fan_out(
         sub.compile(),
@@ -64,6 +77,17 @@ def build_graph(mode: str, side: Path, checkpointer: Any) -> Any:
     b.add_node("fan", node)
     b.add_edge(START, "fan")
     return b.compile(checkpointer=checkpointer)
+
+
+def script_sync(mode: str, db: str, side: Path) -> None:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    with SqliteSaver.from_conn_string(db) as saver:
+        graph = build_graph(mode, side, saver, sync=True)
+        cfg: Any = {"configurable": {"thread_id": "resume-test"}}
+        inputs = {"xs": list(range(N_SIBLINGS))} if mode == "first" else None
+        out = graph.invoke(inputs, cfg)
+        sys.stdout.write(json.dumps(out["out"]) + "\n")
 
 
 async def script(mode: str, db: str, side: Path) -> None:
@@ -90,9 +114,9 @@ def saved_results(db: Path) -> int:
     return int(row[0])
 
 
-def run_script(mode: str, db: Path, side: Path) -> subprocess.Popen[str]:
+def run_script(mode: str, db: Path, side: Path, flavour: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, __file__, mode, str(db), str(side)],
+        [sys.executable, __file__, mode, str(db), str(side), flavour],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -104,10 +128,13 @@ def starts(side: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in side.read_text().splitlines()]
 
 
-def test_killed_run_resumes_and_reruns_only_unfinished_siblings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+def test_killed_run_resumes_and_reruns_only_unfinished_siblings(
+    tmp_path: Path, flavour: str
+) -> None:
     pytest.importorskip("langgraph.checkpoint.sqlite")
     db, side = tmp_path / "ckpt.sqlite", tmp_path / "side.jsonl"
-    first = run_script("first", db, side)
+    first = run_script("first", db, side, flavour)
     try:
         deadline = time.monotonic() + 40
         while saved_results(db) < FINISH_FIRST:
@@ -128,7 +155,7 @@ def test_killed_run_resumes_and_reruns_only_unfinished_siblings(tmp_path: Path) 
     assert first.returncode == -signal.SIGKILL
     first_starts = starts(side)
 
-    second = run_script("resume", db, side)
+    second = run_script("resume", db, side, flavour)
     stdout, stderr = second.communicate(timeout=40)
     assert second.returncode == 0, stderr
     assert json.loads(stdout.strip().splitlines()[-1]) == [x * 100 for x in range(N_SIBLINGS)]
@@ -140,4 +167,7 @@ def test_killed_run_resumes_and_reruns_only_unfinished_siblings(tmp_path: Path) 
 
 
 if __name__ == "__main__":
-    asyncio.run(script(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+    if sys.argv[4] == "sync":
+        script_sync(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    else:
+        asyncio.run(script(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

@@ -155,6 +155,36 @@ def dev_server(tmp_path: Path, studio_emulator: str) -> Iterator[DevServer]:
     assert not _group_alive(server.pgid), "a process of the langgraph dev group survived"
 
 
+EXPECTED_SCHEMA_KEYS = {
+    "fan_out_demo": {"topics", "n", "results", "summary"},
+    "code_review": {"n", "groups", "files", "reviews", "report"},
+    "research": {"topic", "n", "questions", "notes", "report"},
+}
+
+
+def test_state_schemas_need_typing_extensions_typeddict_before_312() -> None:
+    """Why the examples use `typing_extensions.TypedDict`: LangGraph builds the
+    input/output JSON schema with pydantic, which rejects `typing.TypedDict` on
+    Python < 3.12; the LangGraph server then reports `input_schema: null`."""
+    import typing
+
+    import pydantic
+    import typing_extensions
+    from langgraph.graph import START, StateGraph
+
+    def schema_of(typed_dict: Any) -> dict[str, Any]:
+        state = typed_dict("State", {"topic": str, "answer": str}, total=False)
+        builder = StateGraph(state)
+        builder.add_node("noop", lambda s: {})
+        builder.add_edge(START, "noop")
+        return builder.compile().get_input_jsonschema()
+
+    assert set(schema_of(typing_extensions.TypedDict)["properties"]) == {"topic", "answer"}
+    if sys.version_info < (3, 12):
+        with pytest.raises(pydantic.PydanticUserError, match=r"typing_extensions\.TypedDict"):
+            schema_of(typing.TypedDict)
+
+
 def test_langgraph_json_is_valid() -> None:
     from langgraph_cli.config import validate_config_file
 
@@ -176,6 +206,15 @@ async def _drive(client: Any, dev_server: DevServer) -> None:
     if not {"fan_out_demo", "code_review", "research"} <= set(registered):
         pytest.fail(f"graphs missing: {sorted(registered)}\n{await dev_server.atail()}")
     aid = registered["fan_out_demo"]
+
+    # Studio's input and output forms: every example graph has its schemas
+    # (null when its state is a typing.TypedDict on Python < 3.12).
+    for graph_id, keys in EXPECTED_SCHEMA_KEYS.items():
+        schemas = await client.assistants.get_schemas(registered[graph_id])
+        for kind in ("input_schema", "output_schema"):
+            schema = schemas[kind]
+            assert schema is not None, f"{graph_id} has no {kind}\n{await dev_server.atail()}"
+            assert keys <= set(schema["properties"]), (graph_id, kind, schema["properties"])
 
     # The drawn graph: the fan_out node, and with xray the sibling subgraph inside it.
     plain = {n["id"] for n in (await client.assistants.get_graph(aid))["nodes"]}

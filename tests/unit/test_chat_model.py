@@ -50,11 +50,41 @@ def test_bad_url_names_the_value(url: str) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("timeout", 0), ("total_timeout", -1.0), ("max_inflight", 0), ("max_retries", -1)],
+    [
+        ("timeout", 0),
+        ("total_timeout", -1.0),
+        ("max_inflight", 0),
+        ("max_retries", -1),
+        ("max_tokens", -5),
+        ("max_tokens", 0),
+        ("temperature", -0.1),
+        ("stream_chunk_timeout", -1),
+    ],
 )
 def test_bad_numbers_fail_at_construction(field: str, value: float) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=field) as info:
         BatchedChatModel(model="x", **{field: value})
+    assert str(value) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("vllm://127.0.0.1:99999", "99999"),
+        ("http://h:0/v1", "port 0"),
+        ("vllm://h:abc", "not a valid URL"),
+        ("vllm://h:1,h:70000", "70000"),
+    ],
+)
+def test_bad_ports_fail_at_construction(url: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        BatchedChatModel(model="x", base_url=url)
+
+
+def test_openai_scheme_without_a_key_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match="needs an API key"):
+        BatchedChatModel(model="gpt", base_url="openai://api.openai.com")
+    assert BatchedChatModel(model="gpt", base_url="openai://api.openai.com", api_key="sk-x")
 
 
 @pytest.mark.parametrize(
@@ -70,13 +100,55 @@ async def test_scheduler_key_matches_the_backend_it_builds(url: str) -> None:
     from langgraph_batch.backends import backend_from_url
 
     llm = BatchedChatModel(model="m", base_url=url, api_key="k", timeout=5)
-    async with backend_from_url(url) as backend:
+    async with backend_from_url(url, api_key="k") as backend:
         assert llm.scheduler_key == backend.key
     scheduler = llm.get_scheduler()
     try:
         assert scheduler.backend.key == llm.scheduler_key
         assert scheduler is llm.get_scheduler()
-        assert scheduler is BatchedChatModel(model="other", base_url=url).get_scheduler()
+        # Same endpoint and key, other sampling options: the same scheduler.
+        same = BatchedChatModel(model="other", base_url=url, api_key="k", temperature=1.0)
+        assert scheduler is same.get_scheduler()
+    finally:
+        await scheduler.aclose()
+
+
+async def test_models_with_other_credentials_never_share_a_scheduler() -> None:
+    url = "vllm://127.0.0.1:8000"
+    a = BatchedChatModel(model="m", base_url=url, api_key="sk-tenant-a")
+    b = BatchedChatModel(model="m", base_url=url, api_key="sk-tenant-b")
+    no_key = BatchedChatModel(model="m", base_url=url)
+    headed = BatchedChatModel(model="m", base_url=url, default_headers={"X-Tenant": "a"})
+    queried = BatchedChatModel(model="m", base_url=url, default_query={"tenant": "a"})
+    keys = {m.scheduler_key for m in (a, b, no_key, headed, queried)}
+    assert len(keys) == 5
+    for key in keys:
+        assert "sk-tenant" not in key
+    assert (
+        a.scheduler_key
+        == BatchedChatModel(model="x", base_url=url, api_key="sk-tenant-a").scheduler_key
+    )
+    schedulers = [m.get_scheduler() for m in (a, b, no_key, headed, queried)]
+    try:
+        assert len({id(s) for s in schedulers}) == 5
+        backends = [s.backend for s in schedulers]
+        assert len({id(x) for x in backends}) == 5
+    finally:
+        for s in schedulers:
+            await s.aclose()
+
+
+async def test_a_scheduler_name_cannot_carry_another_models_credentials() -> None:
+    name = f"tenant-{uuid.uuid4().hex}"
+    first = BatchedChatModel(model="m", base_url="vllm://h:1", api_key="sk-a", scheduler=name)
+    scheduler = first.get_scheduler()
+    try:
+        other = BatchedChatModel(model="m", base_url="vllm://h:1", api_key="sk-b", scheduler=name)
+        with pytest.raises(ValueError, match="another scheduler name") as info:
+            other.get_scheduler()
+        assert "sk-" not in str(info.value)
+        same = BatchedChatModel(model="n", base_url="vllm://h:1", api_key="sk-a", scheduler=name)
+        assert same.get_scheduler() is scheduler
     finally:
         await scheduler.aclose()
 
@@ -124,7 +196,9 @@ def test_bad_scheduler_type() -> None:
     ],
 )
 def test_ls_params(url: str, provider: str) -> None:
-    llm = BatchedChatModel(model="m", base_url=url, temperature=0.2, max_tokens=9, stop=["x"])
+    llm = BatchedChatModel(
+        model="m", base_url=url, api_key="k", temperature=0.2, max_tokens=9, stop=["x"]
+    )
     params = llm._get_ls_params()
     assert params == {
         "ls_provider": provider,
@@ -255,11 +329,11 @@ async def test_bind_tools_tool_choice_and_passthrough() -> None:
     assert not backend.requests[0].batchable
 
 
-async def test_tool_calls_and_malformed_arguments() -> None:
+async def test_tool_calls_and_malformed_arguments_returned_like_chat_openai() -> None:
     backend = FakeBackend(
         lambda r: Reply(tool_calls=[("search", '{"query": "x"}'), ("search", "{not json")])
     )
-    llm, _ = make(backend)
+    llm, _ = make(backend, invalid_tool_calls="return")
     msg = await llm.bind_tools([search]).ainvoke("q")
     assert msg.tool_calls == [
         {"name": "search", "args": {"query": "x"}, "id": "call_0", "type": "tool_call"}
@@ -277,7 +351,9 @@ async def test_agent_answers_invalid_tool_call_with_error_message() -> None:
             return Reply(content="sorry, retrying is pointless")
         return Reply(tool_calls=[("search", "not json at all")])
 
-    llm, backend = make(FakeBackend(script, base_url=f"fake://{uuid.uuid4().hex}"))
+    llm, backend = make(
+        FakeBackend(script, base_url=f"fake://{uuid.uuid4().hex}"), invalid_tool_calls="return"
+    )
     agent = create_agent(llm, tools=[search])
     # The malformed call ends the turn (no valid call to run) without an exception.
     out = await agent.ainvoke({"messages": [HumanMessage("q")]})
@@ -426,3 +502,15 @@ async def test_langgraph_messages_stream_mode_gets_tokens() -> None:
     assert "".join(tokens) == "hello world"
     assert len(tokens) >= 3
     assert backend.requests[0].stream is True
+
+
+def test_stream_chunk_timeout_default_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert BatchedChatModel(model="x").stream_chunk_timeout == 120.0
+    monkeypatch.setenv("LGB_STREAM_CHUNK_TIMEOUT_S", "7.5")
+    assert BatchedChatModel(model="x").stream_chunk_timeout == 7.5
+    monkeypatch.setenv("LGB_STREAM_CHUNK_TIMEOUT_S", "0")
+    assert BatchedChatModel(model="x").stream_chunk_timeout is None
+    assert BatchedChatModel(model="x", stream_chunk_timeout=3).stream_chunk_timeout == 3
+    monkeypatch.setenv("LGB_STREAM_CHUNK_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="LGB_STREAM_CHUNK_TIMEOUT_S"):
+        BatchedChatModel(model="x")

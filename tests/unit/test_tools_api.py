@@ -15,6 +15,7 @@ from langgraph.store.base import BaseStore
 
 import langgraph_batch.tools as tools_module
 from langgraph_batch._context import SiblingInfo, sibling_scope
+from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.tools import (
     CoalescePolicy,
     ToolStats,
@@ -114,7 +115,7 @@ def test_refuses_tools_with_injected_state(kind: str) -> None:
             """T."""
             return ""
 
-    with pytest.raises(ValueError, match=r"injected arguments \['(state|store|runtime)'\]"):
+    with pytest.raises(ValueError, match=r"caller-dependent arguments \['(state|store|runtime)'\]"):
         coalesce(t)
 
 
@@ -224,7 +225,40 @@ async def test_cancelled_leader_sibling_leaves_tool_and_followers_get_result() -
     assert [r.tool_call_id for r in results] == ["c1", "c2"]
     assert count["n"] == 1
     assert all(info.tools_active == 0 for info in infos)
-    assert ("acquire", 0, True) in admission.events
+    # The cancelled sibling left without asking the gate for its place again.
+    assert ("acquire", 0, True) not in admission.events
+    assert ("acquire", 1, True) in admission.events
+
+
+async def test_cancelled_sibling_in_a_tool_is_not_held_up_by_the_gate() -> None:
+    """max_active=1, taken by another sibling while this one is in a tool: cancelling
+    this one ends it at once (it used to wait, in its cleanup, for a place)."""
+    gate = SiblingAdmission(max_active=1)
+    in_tool = SiblingInfo(group="api-hold", index=0, admission=gate)
+    holder = SiblingInfo(group="api-hold", index=1, admission=gate)
+    started = asyncio.Event()
+
+    async def slow(_: ToolCallRequest) -> ToolMessage:
+        started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def sibling() -> Any:
+        with sibling_scope(in_tool):
+            await gate.acquire(in_tool, returning=False)
+            return await in_tool_call(request_for(double, {"x": 1}, "c"), slow)
+
+    task = asyncio.create_task(sibling())
+    await started.wait()
+    await gate.acquire(holder, returning=False)  # the place it released in the tool
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert task in done, "the cancelled sibling waits for an admission place"
+    assert task.cancelled()
+    assert in_tool.tools_active == 0
+    assert not gate.holds(in_tool)
+    assert gate.holds(holder)
+    assert gate.stats().waiting_returning == 0
 
 
 async def test_non_json_arguments_run_uncoalesced() -> None:
@@ -276,3 +310,33 @@ def test_batch_middleware_is_lazy_and_unknown_names_fail() -> None:
     assert tools_module.BatchMiddleware is BatchMiddleware
     with pytest.raises(AttributeError, match="nope"):
         _ = tools_module.nope
+
+
+async def test_cancelling_a_call_through_a_sync_user_wrapper_cancels_the_execution() -> None:
+    """The sync `wrap_tool_call` runs in a worker thread that cannot be cancelled;
+    the execution it started on the loop must not outlive its cancelled caller."""
+    from langgraph_batch.tools import _BatchToolHook
+
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def execute(request: ToolCallRequest) -> ToolMessage:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+    def user_wrap(request: ToolCallRequest, call: Any) -> Any:
+        return call(request)
+
+    hook = _BatchToolHook(None, user_wrap)
+    task = asyncio.create_task(hook(request_for(double, {"x": 1}, "c"), execute))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(5):
+        await cancelled.wait()

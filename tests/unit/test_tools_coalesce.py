@@ -247,7 +247,7 @@ async def test_error_result_not_shared_when_disabled() -> None:
     assert gate.calls == 2
 
 
-async def test_scope_run_reuses_completed_results_inflight_does_not() -> None:
+async def test_keep_reuses_completed_results_of_the_same_scope_only() -> None:
     c: Coalescer[str] = Coalescer()
     calls = 0
 
@@ -256,15 +256,30 @@ async def test_scope_run_reuses_completed_results_inflight_does_not() -> None:
         calls += 1
         return f"v{calls}"
 
-    assert await c.run("k", fn, scope="run-1") == "v1"
-    assert await c.run("k", fn, scope="run-1") == "v1"  # a late sibling of the same run
+    assert await c.run("k", fn, scope="run-1", keep=True) == "v1"
+    assert await c.run("k", fn, scope="run-1", keep=True) == "v1"  # a late sibling of the run
     assert calls == 1
-    assert await c.run("k", fn, scope="run-2") == "v2"  # another run
-    assert await c.run("k", fn) == "v3"  # in-flight only: nothing kept
+    assert await c.run("k", fn, scope="run-2", keep=True) == "v2"  # another run
+    assert await c.run("k", fn, scope="run-1") == "v3"  # in-flight only: nothing reused
     assert await c.run("k", fn) == "v4"
+    assert await c.run("k", fn) == "v5"
     c.forget_scope("run-1")
-    assert await c.run("k", fn, scope="run-1") == "v5"
-    assert calls == 5
+    assert await c.run("k", fn, scope="run-1", keep=True) == "v6"
+    assert calls == 6
+
+
+async def test_concurrent_calls_of_two_scopes_never_share() -> None:
+    c: Coalescer[str] = Coalescer()
+    gate = Gate()
+    a = [asyncio.create_task(c.run("k", gate.fn("a"), scope="run-a")) for _ in range(3)]
+    b = [asyncio.create_task(c.run("k", gate.fn("b"), scope="run-b")) for _ in range(2)]
+    await until(lambda: c.waiting("k") == 5)
+    assert (c.waiting("k", scope="run-a"), c.waiting("k", scope="run-b")) == (3, 2)
+    assert c.inflight() == 2
+    gate.opened.set()
+    assert await asyncio.gather(*a) == ["a"] * 3
+    assert await asyncio.gather(*b) == ["b"] * 2
+    assert gate.calls == 2
 
 
 async def test_scopes_are_bounded_lru() -> None:
@@ -277,9 +292,10 @@ async def test_scopes_are_bounded_lru() -> None:
         return calls
 
     for scope in ("a", "b", "c"):
-        await c.run("k", fn, scope=scope)
+        await c.run("k", fn, scope=scope, keep=True)
     assert c.lookup("k", scope="a") is Coalescer.MISS
     assert c.lookup("k", scope="c") == 3
+    assert c.stored_scopes() == 2
 
 
 async def test_ttl_expiry_with_injected_clock() -> None:
@@ -292,15 +308,59 @@ async def test_ttl_expiry_with_injected_clock() -> None:
         calls += 1
         return calls
 
-    assert await c.run("k", fn) == 1
+    assert await c.run("k", fn, scope="s", keep=True) == 1
     clock.now = 9.99
-    assert await c.run("k", fn) == 1  # across runs (no scope), within the TTL
-    assert await c.run("k", fn, scope="other-run") == 1
+    assert await c.run("k", fn, scope="s", keep=True) == 1  # within the TTL
+    assert await c.run("k", fn, scope="other-run", keep=True) == 2  # never across scopes
     clock.now = 10.0
-    assert await c.run("k", fn) == 2  # expired
-    assert calls == 2
+    assert await c.run("k", fn, scope="s", keep=True) == 3  # expired
+    assert calls == 3
     c.clear()
-    assert await c.run("k", fn) == 3
+    assert await c.run("k", fn, scope="s", keep=True) == 4
+
+
+async def test_expired_results_are_swept_from_a_long_lived_scope() -> None:
+    clock = FakeClock()
+    c: Coalescer[int] = Coalescer(ttl=1.0, clock=clock)
+
+    async def fn() -> int:
+        return 0
+
+    for i in range(255):
+        await c.run(i, fn, scope="global", keep=True)
+    clock.now = 5.0
+    await c.run("last", fn, scope="global", keep=True)  # the 256th insert sweeps
+    assert c.lookup("last", scope="global") == 0
+    assert len(c._scopes["global"]) == 1
+
+
+async def test_an_abandoned_execution_that_fails_is_not_reported_unretrieved() -> None:
+    c: Coalescer[str] = Coalescer()
+    started = asyncio.Event()
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, ctx: unretrieved.append(ctx))
+
+    async def fn() -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            raise RuntimeError("cleanup failed")
+
+    caller = asyncio.create_task(c.run("k", fn))
+    await started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await until(lambda: c.inflight() == 0)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    import gc
+
+    gc.collect()
+    loop.set_exception_handler(None)
+    assert not [u for u in unretrieved if "never retrieved" in str(u.get("message"))]
 
 
 async def test_max_concurrency_respected() -> None:
@@ -403,3 +463,23 @@ def test_state_is_per_event_loop() -> None:
     # The semaphore of one loop is never used by another (asyncio primitives are loop-bound).
     assert asyncio.run(one()) == 1
     assert asyncio.run(one()) == 1
+
+
+async def test_a_cancelled_rate_limited_caller_gives_its_start_back() -> None:
+    clock = FakeClock()
+    gate = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        clock.sleeps.append(seconds)
+        await gate.wait()
+        clock.now += seconds
+
+    limiter = RateLimiter(1.0, clock=clock, sleep=sleep)
+    await limiter.acquire()  # starts at once
+    waiting = asyncio.create_task(limiter.acquire())  # reserved t=1.0
+    await until(lambda: len(clock.sleeps) == 1)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    # The next caller gets the start the cancelled one gave back: t=1.0, not 2.0.
+    assert limiter.reserve() == pytest.approx(1.0)

@@ -27,7 +27,7 @@ from langgraph_batch.backends import (
     ],
 )
 async def test_schemes(url: str, cls: type, base: str) -> None:
-    b = backend_from_url(url)
+    b = backend_from_url(url, api_key="k")
     try:
         assert type(b) is cls
         assert b.base_url == base
@@ -49,6 +49,24 @@ def test_bad_urls(url: str) -> None:
     with pytest.raises(ValueError, match="vllm://host:port") as info:
         backend_from_url(url)
     assert repr(url) in str(info.value)
+
+
+def test_openai_scheme_needs_a_key() -> None:
+    with pytest.raises(ValueError, match="needs an API key"):
+        backend_from_url("openai://api.openai.com")
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("vllm://h:99999", "99999"),
+        ("http://h:0/v1", "port 0"),
+        ("vllm://h:abc", "not a valid URL"),
+    ],
+)
+def test_bad_ports_name_the_value(url: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        backend_from_url(url)
 
 
 def test_bad_option() -> None:

@@ -21,9 +21,31 @@ from langgraph_batch.chat_model import BatchedChatModel
     ],
 )
 async def test_key_matches_the_built_backend(url: str) -> None:
-    backend = backend_from_url(url)
+    backend = backend_from_url(url, api_key="sk-secret-1")
     try:
-        assert backend_key(url) == backend.key
+        assert backend_key(url, api_key="sk-secret-1") == backend.key
+        assert "sk-secret-1" not in backend.key
+        assert backend_key(url, api_key="sk-secret-2") != backend.key
+    finally:
+        await backend.aclose()
+
+
+async def test_key_covers_headers_and_query() -> None:
+    url = "vllm://h:1"
+    plain = backend_key(url)
+    assert plain == "VLLMBackend:http://h:1"  # no credentials: the endpoint alone
+    with_header = backend_key(url, headers={"X-Api-Key": "hdr-secret"})
+    assert with_header != plain
+    assert "hdr-secret" not in with_header
+    # Header names are case-insensitive, values are not.
+    assert backend_key(url, headers={"x-api-key": "hdr-secret"}) == with_header
+    assert backend_key(url, headers={"X-Api-Key": "other"}) != with_header
+    assert backend_key(url, query={"tenant": "a"}) != backend_key(url, query={"tenant": "b"})
+    backend = backend_from_url(url, headers={"X-Api-Key": "hdr-secret"}, query={"v": "1"})
+    try:
+        assert backend.key == backend_key(
+            url, headers={"X-Api-Key": "hdr-secret"}, query={"v": "1"}
+        )
     finally:
         await backend.aclose()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import email.utils
 import json
 
-import httpx
 import pytest
 from langchain_core.exceptions import ContextOverflowError, ModelRateLimitError
 
@@ -14,17 +13,15 @@ from langgraph_batch.backends._http import (
     is_route_not_found,
     make_request_id,
     make_timeout,
-    map_transport_errors,
     parse_context_length_message,
     parse_retry_after,
+    summarize_body,
 )
 from langgraph_batch.errors import (
     BackendAuthenticationError,
     BackendBadRequestError,
-    BackendConnectionError,
     BackendRateLimitError,
     BackendServerError,
-    BackendTimeoutError,
     ContextLengthExceededError,
     ModelNotFoundError,
 )
@@ -237,40 +234,14 @@ class TestErrorFromResponse:
         assert "temperature" in exc.body
 
 
-class TestTransportMapping:
-    def _raise(self, exc: Exception) -> None:
-        with map_transport_errors(URL, request_id="r9", read_timeout=5.0):
-            raise exc
-
-    def test_refused(self) -> None:
-        with pytest.raises(BackendConnectionError, match="is the server running") as info:
-            self._raise(httpx.ConnectError("[Errno 111] Connection refused"))
-        assert isinstance(info.value.__cause__, httpx.ConnectError)
-        assert info.value.request_id == "r9"
-        assert info.value.is_retryable
-
-    def test_reset(self) -> None:
-        with pytest.raises(BackendConnectionError, match="ReadError"):
-            self._raise(httpx.ReadError("connection reset by peer"))
-
-    def test_read_timeout(self) -> None:
-        with pytest.raises(BackendTimeoutError, match=r"5\.0 s"):
-            self._raise(httpx.ReadTimeout("timed out"))
-
-    def test_connect_timeout(self) -> None:
-        with pytest.raises(BackendTimeoutError, match="connecting"):
-            self._raise(httpx.ConnectTimeout("timed out"))
-
-    def test_other_exceptions_pass_through(self) -> None:
-        with pytest.raises(KeyError):
-            self._raise(KeyError("x"))
-
-
 def test_make_timeout_validates() -> None:
     t = make_timeout(30.0, connect_timeout=2.0)
     assert (t.connect, t.read, t.write, t.pool) == (2.0, 30.0, 30.0, None)
+    assert make_timeout(30.0, pool_timeout=7.0).pool == 7.0
     with pytest.raises(ValueError, match="-1"):
         make_timeout(-1)
+    with pytest.raises(ValueError, match="pool_timeout"):
+        make_timeout(1.0, pool_timeout=0)
     with pytest.raises(ValueError, match="connect_timeout"):
         make_timeout(1.0, connect_timeout=0)
 
@@ -279,3 +250,33 @@ def test_make_request_id_names_sibling_and_turn() -> None:
     rid = make_request_id(sibling_id="run 7/3", turn=2)
     assert rid.startswith("lgb-run.7.3-t2-")
     assert rid != make_request_id(sibling_id="run 7/3", turn=2)
+
+
+NGINX_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.25.3</center>\r\n"
+    + b"<!-- padding -->" * 200
+    + b"</body>\r\n</html>\r\n"
+)
+
+
+def test_html_error_page_becomes_one_line() -> None:
+    exc = error_from_response(502, NGINX_502, {"content-type": "text/html"}, url=URL)
+    assert isinstance(exc, BackendServerError)
+    assert "HTML page: 502 Bad Gateway" in str(exc)
+    assert "<" not in str(exc)
+    assert "\n" not in str(exc)
+    assert len(str(exc)) < 300
+
+
+def test_html_without_content_type_and_plain_text() -> None:
+    assert summarize_body(b"<html><body><h1>Service\n  Unavailable</h1></body></html>") == (
+        "HTML page: Service Unavailable"
+    )
+    assert summarize_body(b"upstream connect error\nreset reason: overflow") == (
+        "upstream connect error reset reason: overflow"
+    )
+    assert summarize_body(b"x" * 5000).endswith("...")
+    assert len(summarize_body(b"x" * 5000)) == 203
+    exc = error_from_response(400, b"bad things\nhappened", {}, url=URL)
+    assert "bad things happened" in str(exc)

@@ -250,7 +250,7 @@ async def test_connection_dropped_mid_stream(recorder: Recorder) -> None:
     )
     seen: list[ChatChunk] = []
     async with make(recorder) as b:
-        with pytest.raises(BackendStreamError, match="dropped mid-stream") as info:
+        with pytest.raises(BackendStreamError, match="dropped after the response started") as info:
             await b.chat(req(stream=True), on_chunk=seen.append)
     assert info.value.chunks_received == 2
     assert len(seen) == 2
@@ -390,7 +390,7 @@ async def test_request_timeout_overrides_default(recorder: Recorder) -> None:
         await b.chat(req())
     assert recorder.requests[0].extensions["timeout"]["read"] == 2.5
     assert recorder.requests[1].extensions["timeout"]["read"] == 60.0
-    assert recorder.requests[1].extensions["timeout"]["pool"] is None
+    assert recorder.requests[1].extensions["timeout"]["pool"] == 30.0
 
 
 async def test_models_and_health(recorder: Recorder) -> None:
@@ -451,3 +451,89 @@ async def test_mapping_messages_are_serialised(recorder: Recorder) -> None:
     assert recorder.last_body["messages"] == [{"role": "user", "content": "é"}]
     assert "é".encode() in recorder.requests[0].content
     assert json.loads(recorder.requests[0].content)["model"] == "m"
+
+
+class _Stalling(httpx.AsyncByteStream):
+    """One event, then only keep-alive comments (forever, or until `events` more)."""
+
+    def __init__(self, keepalives: int | None = None) -> None:
+        self.keepalives = keepalives
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        import anyio
+
+        yield sse(chunk(content="a"), done=False)
+        n = 0
+        while self.keepalives is None or n < self.keepalives:
+            await anyio.sleep(0.02)
+            yield b": keep-alive\n\n"
+            n += 1
+        yield sse(chunk(content="b", finish_reason="stop"))
+
+
+async def test_stream_chunk_timeout_ignores_keepalives(recorder: Recorder) -> None:
+    from langgraph_batch.errors import StreamChunkTimeoutError
+
+    recorder.handler = lambda r: httpx.Response(
+        200, stream=_Stalling(), headers={"content-type": "text/event-stream"}
+    )
+    got: list[ChatChunk] = []
+    async with make(recorder) as b:
+        with pytest.raises(StreamChunkTimeoutError, match="no stream chunk") as info:
+            await b.chat(req(stream=True, stream_chunk_timeout=0.15), on_chunk=got.append)
+        assert (info.value.timeout_s, info.value.chunks_received) == (0.15, 1)
+        assert info.value.is_retryable
+        assert [c.content for c in got] == ["a"]
+        assert b.transport.state().requests_active == 0
+        # Keep-alives for less than the gap between events: no timeout.
+        recorder.handler = lambda r: httpx.Response(
+            200, stream=_Stalling(keepalives=3), headers={"content-type": "text/event-stream"}
+        )
+        resp = await b.chat(req(stream=True, stream_chunk_timeout=0.5))
+        assert resp.content == "ab"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"timeout": 0}, "timeout must be > 0"),
+        ({"timeout": -3.0}, "-3.0"),
+        ({"connect_timeout": 0}, "connect_timeout"),
+        ({"pool_timeout": -1}, "pool_timeout"),
+        ({"limits": {"max_connections": 5}}, "httpx.Limits"),
+        ({"limits": httpx.Limits(max_connections=0)}, "max_connections"),
+        ({"headers": {"X-Key": 5}}, "headers"),
+        ({"query": "a=b"}, "query"),
+        ({"api_key": 123}, "api_key"),
+    ],
+)
+def test_bad_options_fail_at_construction(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        OpenAICompatibleBackend("http://h:8000", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url", ["http://h:99999", "http://h:0", "http://h:x1"])
+def test_bad_ports_fail_at_construction(url: str) -> None:
+    with pytest.raises(ValueError, match=r"port|not a valid URL"):
+        OpenAICompatibleBackend(url)
+
+
+async def test_a_body_left_open_after_done_does_not_hold_the_answer(recorder: Recorder) -> None:
+    import time
+
+    class OpenAfterDone(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[no-untyped-def]
+            import anyio
+
+            yield sse(chunk(content="hi", finish_reason="stop"))  # ends with [DONE]
+            await anyio.sleep(30)  # a server or proxy that never ends the body
+
+    recorder.handler = lambda r: httpx.Response(
+        200, stream=OpenAfterDone(), headers={"content-type": "text/event-stream"}
+    )
+    async with make(recorder) as b:
+        t0 = time.monotonic()
+        resp = await b.chat(req(stream=True))
+        assert resp.content == "hi"
+        assert time.monotonic() - t0 < 2.0  # the drain after [DONE] is bounded
+        assert b.transport.state().requests_active == 0

@@ -422,6 +422,7 @@ async def test_metrics_aggregate() -> None:
     assert m.cache_hit_rate == pytest.approx(0.75)
     assert m.block_size == 16
     assert m.prefix_caching is True
+    assert m.engines == 2  # the replicas that answered (the decode cap is learned per engine)
     assert await EndpointPool([FakeBackend("x")]).metrics() is None
 
 

@@ -77,6 +77,9 @@ sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name
 sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="Qwen/Qwen2.5-7B-Instruct",tp_rank="0"} 500.0
 # TYPE sglang:generation_tokens_total counter
 sglang:generation_tokens_total{engine_type="unified",is_streaming="true",model_name="Qwen/Qwen2.5-7B-Instruct",tp_rank="0"} 90.0
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{cache_source="device",model_name="Qwen/Qwen2.5-7B-Instruct"} 1100.0
+sglang:cached_tokens_total{cache_source="host",model_name="Qwen/Qwen2.5-7B-Instruct"} 100.0
 """
 
 
@@ -116,6 +119,7 @@ def test_vllm_metrics() -> None:
     assert m.block_size == 16
     assert m.kv_capacity_tokens == 2 * 16 * 27500
     assert m.prefix_caching is True
+    assert m.engines == 2  # data-parallel engines of one server
 
 
 def test_vllm_metrics_before_kv_is_sized() -> None:
@@ -137,3 +141,6 @@ def test_sglang_metrics() -> None:
     assert m.num_preemptions_total == 2.0
     assert m.prompt_tokens_total == 1500.0
     assert m.generation_tokens_total == 90.0
+    # Prompt tokens served from the radix cache, every cache_source summed:
+    # with prompt_tokens_total, the prefill the engine computed (the decode cap's input).
+    assert m.prefix_cache_hits_total == 1200.0

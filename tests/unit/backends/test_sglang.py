@@ -9,6 +9,7 @@ import pytest
 
 from langgraph_batch.backends import ChatRequest, SGLangBackend
 from langgraph_batch.backends.sglang import sampling_params_for_generate
+from langgraph_batch.errors import ContextLengthExceededError
 from tests.unit.backends._fakes import Recorder, completion
 from tests.unit.backends.test_prometheus import SGLANG_METRICS
 
@@ -108,6 +109,39 @@ async def test_complete_batch_generate(recorder: Recorder) -> None:
     assert body["rid"] == ["r0", "r2"]
     assert body["priority"] == 0
     assert len(recorder.requests) == 2
+
+
+async def test_a_bad_prompt_in_a_generate_batch_fails_only_its_caller(recorder: Recorder) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        texts = body.get("text") or [body.get("prompt")]
+        if "huge" in texts:
+            msg = (
+                "The input (40000 tokens) is longer than the model's context length (32768 tokens)."
+            )
+            return httpx.Response(400, json={"object": "error", "message": msg, "code": 400})
+        if request.url.path == "/generate":
+            return httpx.Response(200, json=[{"text": t.upper(), "meta_info": {}} for t in texts])
+        return httpx.Response(
+            200,
+            json={
+                "id": "cmpl-1",
+                "model": "m",
+                "choices": [{"index": 0, "text": body["prompt"].upper(), "finish_reason": "stop"}],
+            },
+        )
+
+    recorder.handler = handler
+    requests = [
+        req(messages=(), params={"prompt": p, "max_tokens": 1}, request_id=p, batchable=True)
+        for p in ("a", "huge", "b")
+    ]
+    async with make(recorder) as b:
+        out = await b.complete_batch_settled(requests)
+    assert [getattr(o, "content", None) for o in out] == ["A", None, "B"]
+    assert isinstance(out[1], ContextLengthExceededError)
+    paths = [r.url.path for r in recorder.requests]
+    assert paths == ["/generate"] + ["/v1/completions"] * 3
 
 
 async def test_metrics(recorder: Recorder) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 from langgraph_batch.backends import ChatRequest, VLLMBackend
+from langgraph_batch.backends.base import Usage
 from langgraph_batch.errors import (
     BackendServerError,
     ContextLengthExceededError,
@@ -93,12 +96,20 @@ async def test_metrics_unavailable(recorder: Recorder) -> None:
             await b.metrics()
 
 
-def _batch_handler(recorder: Recorder, *, batch_status: int | None = None) -> None:
+def _batch_handler(
+    recorder: Recorder, *, batch_status: int | None = None, max_model_len: int = 4096
+) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         import json
 
-        body = json.loads(request.content)
         path = request.url.path
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": max_model_len}]})
+        body = json.loads(request.content)
+        texts = [c[-1]["content"] for c in body.get("messages", []) if isinstance(c, list)]
+        if "huge" in texts or "huge" in str(body.get("messages", "")):
+            msg = "Input length (40000) exceeds model's maximum context length (32768)."
+            return httpx.Response(400, json=error_body(msg))
         if path == "/v1/chat/completions/batch":
             if batch_status is not None:
                 return httpx.Response(batch_status, json={"detail": "Not Found"})
@@ -154,9 +165,14 @@ async def test_complete_batch_chat_endpoint(recorder: Recorder) -> None:
     assert [r.content for r in out] == ["answer to a", "answer to b", "answer to c"]
     assert [r.request_id for r in out] == ["r0", "r1", "r2"]
     assert [r.id for r in out] == ["chatcmpl-r0_0", "chatcmpl-r0_1", "chatcmpl-r0_2"]
-    assert all(r.usage is None for r in out)  # only the total is reported
-    assert len(recorder.requests) == 1
-    body = recorder.last_body
+    # The server reports one total per call: each member gets its share, summing to it.
+    usages = [r.usage for r in out]
+    assert all(u is not None and u.estimated and u.cached_tokens is None for u in usages)
+    assert sum(u.prompt_tokens for u in usages if u) == 9
+    assert sum(u.completion_tokens for u in usages if u) == 9
+    posts = [r for r in recorder.requests if r.method == "POST"]
+    assert len(posts) == 1
+    body = json.loads(posts[0].content)
     assert body["messages"] == [[{"role": "user", "content": t}] for t in "abc"]
     assert body["max_tokens"] == 8
     assert "stream" not in body
@@ -182,7 +198,7 @@ async def test_complete_batch_groups_by_params_and_routes_the_rest(recorder: Rec
         "P2",
         "single c",
     ]
-    paths = sorted(r.url.path for r in recorder.requests)
+    paths = sorted(r.url.path for r in recorder.requests if r.method == "POST")
     assert paths == [
         "/v1/chat/completions",
         "/v1/chat/completions",
@@ -193,6 +209,12 @@ async def test_complete_batch_groups_by_params_and_routes_the_rest(recorder: Rec
     import json
 
     assert json.loads(prompt_call.content)["prompt"] == ["p1", "p2"]
+    # Both stopped on max_tokens, but their caps (4 + 4) exceed the server's total (2):
+    # the total is split by answer length instead.
+    assert [out[1].usage, out[4].usage] == [
+        Usage(prompt_tokens=1, completion_tokens=1, estimated=True),
+        Usage(prompt_tokens=1, completion_tokens=1, estimated=True),
+    ]
 
 
 async def test_complete_batch_falls_back_on_404_and_remembers(recorder: Recorder) -> None:
@@ -205,7 +227,7 @@ async def test_complete_batch_falls_back_on_404_and_remembers(recorder: Recorder
         assert [r.content for r in out] == ["single c", "single d"]
     # second round went straight to one-by-one
     assert [r.url.path for r in recorder.requests].count("/v1/chat/completions/batch") == 1
-    assert len(recorder.requests) == 5
+    assert len([r for r in recorder.requests if r.method == "POST"]) == 5
 
 
 async def test_complete_batch_model_404_is_not_a_fallback(recorder: Recorder) -> None:
@@ -221,13 +243,40 @@ async def test_complete_batch_model_404_is_not_a_fallback(recorder: Recorder) ->
         assert b._chat_batch_supported is None
 
 
-async def test_complete_batch_error_fails_the_batch(recorder: Recorder) -> None:
-    msg = "Input length (40000) exceeds model's maximum context length (32768)."
-    recorder.handler = lambda r: httpx.Response(400, json=error_body(msg))
+async def test_one_bad_member_fails_only_its_caller(recorder: Recorder) -> None:
+    _batch_handler(recorder)
+    requests = [conv(t, params={"max_tokens": 8}) for t in ("a", "huge", "b", "c")]
     async with make(recorder) as b:
-        with pytest.raises(ContextLengthExceededError) as info:
-            await b.complete_batch([conv("a"), conv("b")])
-    assert info.value.max_model_len == 32768
+        out = await b.complete_batch_settled(requests)
+        assert [getattr(o, "content", None) for o in out] == [
+            "single a",
+            None,
+            "single b",
+            "single c",
+        ]
+        assert isinstance(out[1], ContextLengthExceededError)
+        assert out[1].max_model_len == 32768
+        # complete_batch keeps its contract: the first error is raised.
+        with pytest.raises(ContextLengthExceededError):
+            await b.complete_batch(requests)
+    paths = [r.url.path for r in recorder.requests if r.method == "POST"]
+    # The batch failed with a 400, then every member went alone.
+    assert paths[:5] == ["/v1/chat/completions/batch"] + ["/v1/chat/completions"] * 4
+
+
+async def test_a_prompt_that_cannot_fit_goes_alone_before_any_batch(recorder: Recorder) -> None:
+    _batch_handler(recorder, max_model_len=100)
+    long_text = "word " * 200  # ~333 tokens by the generous estimate > 100
+    requests = [conv(t, params={"max_tokens": 8}) for t in ("a", long_text, "b")]
+    async with make(recorder) as b:
+        out = await b.complete_batch_settled(requests)
+    assert [getattr(o, "content", None) for o in out] == [
+        "answer to a",
+        f"single {long_text}",
+        "answer to b",
+    ]
+    gets = [r for r in recorder.requests if r.method == "GET"]
+    assert [r.url.path for r in gets] == ["/v1/models"]  # learned once
 
 
 async def test_complete_batch_single_and_empty(recorder: Recorder) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from langgraph_batch._coalesce import Coalescer, set_flight_store
 from langgraph_batch.backends.base import Backend, ChatRequest, ChatResponse
+from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
 from langgraph_batch.distributed import ClusterLimitedBackend, RedisExecutor, Worker
 from langgraph_batch.distributed._keys import (
     RunKeys,
@@ -19,6 +20,7 @@ from langgraph_batch.distributed._keys import (
     sibling_group,
 )
 from langgraph_batch.distributed._redis import safe_url
+from langgraph_batch.distributed._semaphore import endpoint_key, limit_backends
 from langgraph_batch.distributed._singleflight import key_digest
 from langgraph_batch.distributed.cli import main as worker_main
 from langgraph_batch.scheduler import registry
@@ -107,7 +109,7 @@ def test_worker_command(capsys: pytest.CaptureFixture[str]) -> None:
 
 class _Store:
     def __init__(self) -> None:
-        self.calls: list[tuple[Hashable, Hashable]] = []
+        self.calls: list[tuple[Hashable, Hashable, float | None]] = []
 
     async def run(
         self,
@@ -115,25 +117,45 @@ class _Store:
         key: Hashable,
         fn: Callable[[], Awaitable[Any]],
         storable: Callable[[Any], bool],
+        *,
+        ttl: float | None = None,
     ) -> Any:
-        self.calls.append((scope, key))
+        self.calls.append((scope, key, ttl))
         return await fn()
 
 
-async def test_coalescer_routes_scoped_executions_through_the_flight_store() -> None:
+async def test_coalescer_routes_kept_scoped_executions_through_the_flight_store() -> None:
     store = _Store()
     previous = set_flight_store(store)
     try:
-        c: Coalescer[str] = Coalescer()
+        c: Coalescer[str] = Coalescer(ttl=30.0)
 
         async def fn() -> str:
             return "v"
 
-        assert await c.run("k", fn, scope="run-1") == "v"
-        assert await c.run("k", fn) == "v"  # unscoped: process-local only
+        assert await c.run("k", fn, scope="run-1", keep=True) == "v"
+        assert await c.run("k", fn, keep=True) == "v"  # unscoped: process-local only
+        # In-flight sharing only (scope="inflight"): never leaves the process,
+        # or a late caller on another worker would get a result kept for it.
+        assert await c.run("k2", fn, scope="run-1") == "v"
     finally:
         assert set_flight_store(previous) is store
-    assert store.calls == [("run-1", "k")]
+    assert store.calls == [("run-1", "k", 30.0)]
+
+
+async def test_cluster_cap_is_per_endpoint_whatever_the_credentials() -> None:
+    a = OpenAICompatibleBackend("http://127.0.0.1:9", api_key="sk-a")
+    b = OpenAICompatibleBackend("http://127.0.0.1:9", api_key="sk-b")
+    other = OpenAICompatibleBackend("http://127.0.0.1:10", api_key="sk-a")
+    assert a.key != b.key  # schedulers are per credential...
+    assert endpoint_key(a) == endpoint_key(b) != endpoint_key(other)  # ...the cap per server
+    assert "sk-" not in endpoint_key(a)
+    wrap = limit_backends(object(), limit=3, lease_s=1.0, scripts=cast(Any, object()))
+    wa, wb, wo = (cast(ClusterLimitedBackend, wrap(x)) for x in (a, b, other))
+    assert wa.semaphore is wb.semaphore is not wo.semaphore
+    assert wa.key == a.key  # the scheduler still sees the credential-keyed backend
+    for backend in (a, b, other):
+        await backend.aclose()
 
 
 class _Inner(Backend):

@@ -1,9 +1,11 @@
 """Fidelity of the engine model, in virtual time (no clock, no network).
 
-Published figures it must match:
-- H100 + Llama-3-8B (vLLM, bf16): time per output token 6.5 ms at
-  concurrency 1 and 10.9 ms at concurrency 16 (a closed-loop serving
-  benchmark, 1024-token prompts, 128 output tokens); prefill 35-45k tokens/s.
+Figures it must match:
+- H100 + Llama-3-8B: vLLM 0.26.0 measured end to end (decode with long and
+  short contexts, single and batched prefill, TTFT tables); see below. These
+  replaced the published cross-checks used before (TPOT 6.5 ms at
+  concurrency 1 and 10.9 ms at 16, closed loop, 1024-token prompts): the
+  measured engine decodes B=16 with 1k contexts at 6.9 ms per step.
 - A10G + Qwen2.5-7B (BatchAgent's prefix-cache table, vLLM 0.6.6): N
   simultaneous requests with a 2547-token prompt sharing a 2048-token system
   prompt. TTFT P50 without prefix caching grows ~linearly with N; with it, it
@@ -26,53 +28,170 @@ def _ids(n: int, tag: object) -> list[int]:
     return [rng.randrange(256, 128_000) for _ in range(n)]
 
 
-def _closed_loop_tpot(concurrency: int, *, n_requests: int) -> float:
-    """Mean time per output token of a closed-loop benchmark (1024 in, 128 out)."""
-    engine = Engine(profile=get_profile("h100-llama3-8b"))
-    done: list[Request] = []
-    issued = 0
+# --- H100 + Llama-3-8B: vLLM 0.26.0 measured end to end ---------------------------
+#
+# /work/shared/calibration/h100_vllm026_llama3_8b_measured.md (and the JSON in
+# vllm026_h100/): one H100 80GB, bf16 Llama-3-8B shape with random weights,
+# output lengths forced, measured through HTTP by a Python client on the same
+# machine. Each figure below is that file's; where it gives two runs, their
+# mean. The engine runs in virtual time; what the measurement adds on top of
+# engine time is the server's request path, modelled by `_request_path`.
 
-    def make() -> Request:
-        nonlocal issued
-        issued += 1
-        return Request(request_id=str(issued), prompt_ids=_ids(1024, issued), output_ids=[9] * 128)
+_KV_TOKENS = 463_312
+_H100 = get_profile("h100-llama3-8b")
 
-    def on_token(req: Request, t: float) -> list[tuple[float, Request]] | None:
-        if req.finished:
-            done.append(req)
-            if issued < n_requests:
-                return [(t, make())]
-        return None
 
-    # Stagger the first requests the way a benchmark's ramp-up does.
-    first = [(i * 0.1, make()) for i in range(concurrency)]
-    simulate(engine, first, on_token=on_token)
-    tpots = [
+def _request_path(prompt_lens: list[int]) -> list[float]:
+    """When each of several requests sent at t=0 reaches the engine.
+
+    vLLM's API server renders each request's chat template in turn (~1 ms)
+    and tokenizes whatever requests are pending in one batch (~20 ms plus
+    ~1 us per token) before handing them to the engine. Fitted once, with
+    the cost model, to the TTFT tables and the single-prompt prefill: a lone
+    4,000-token prompt waits ~25 ms, a burst reaches the engine in a few
+    batches. The engine's own timings are unaffected.
+    """
+    render_s, batch_s, per_token_s = 1e-3, 20e-3, 1e-6
+    enter = [(i + 1) * render_s for i in range(len(prompt_lens))]
+    out = [0.0] * len(prompt_lens)
+    t, i = 0.0, 0
+    while i < len(prompt_lens):
+        t = max(t, enter[i])
+        j = i
+        while j < len(prompt_lens) and enter[j] <= t:
+            j += 1
+        t += batch_s + per_token_s * sum(prompt_lens[i:j])
+        for k in range(i, j):
+            out[k] = t
+        i = j
+    return out
+
+
+def _send(engine: Engine, reqs: list[Request], start: float = 0.0) -> None:
+    """Send `reqs` together at `start` through the request path; run to the end."""
+    arrivals = _request_path([r.prompt_len for r in reqs])
+    simulate(engine, [(start + t, r) for t, r in zip(arrivals, reqs, strict=True)])
+
+
+def _ms_per_token(reqs: list[Request]) -> float:
+    """Mean over requests of (last token - first token) / (tokens - 1), in ms."""
+    return 1e3 * statistics.mean(
         (r.finish_time - r.first_token_time) / (r.num_output - 1)  # type: ignore[operator]
-        for r in done[concurrency:]
+        for r in reqs
+    )
+
+
+def _long_context_decode_ms(context: int, batch: int, out: int = 200) -> float:
+    """B requests on one cached prefix of `context` tokens (+4 unique), `out` tokens each."""
+    engine = Engine(profile=_H100, kv_tokens=_KV_TOKENS)
+    prefix = _ids(context, ("prefix", context))
+    warm = Request(request_id="warm", prompt_ids=[*prefix, *_ids(4, "w")], output_ids=[1])
+    start = simulate(engine, [(0.0, warm)])
+    reqs = [
+        Request(request_id=str(i), prompt_ids=[*prefix, *_ids(4, i)], output_ids=[5] * out)
+        for i in range(batch)
     ]
-    return statistics.mean(tpots)
+    _send(engine, reqs, start)
+    assert all(r.cached_tokens == context // 16 * 16 for r in reqs)
+    return _ms_per_token(reqs)
 
 
-def test_h100_decode_batch_1() -> None:
-    tpot = _closed_loop_tpot(1, n_requests=4)
-    assert tpot == pytest.approx(6.5e-3, rel=0.15)
-    step = get_profile("h100-llama3-8b").decode_step_time(1, 1024)
-    assert step == pytest.approx(6.5e-3, rel=0.15)
+@pytest.mark.parametrize(
+    ("context", "batch", "measured_ms"),
+    [
+        (64, 16, 6.7),  # runs: 6.7, 6.7
+        (1000, 16, 6.9),  # 7.0, 6.8
+        (3000, 16, 8.5),  # 7.5, 9.5
+        (64, 96, 13.35),  # 12.6, 14.1
+        (1000, 96, 29.95),  # 25.7, 34.2
+        (3000, 96, 46.3),  # 45.8, 46.8
+    ],
+)
+def test_h100_long_context_decode_within_15_percent(
+    context: int, batch: int, measured_ms: float
+) -> None:
+    assert _long_context_decode_ms(context, batch) == pytest.approx(measured_ms, rel=0.15)
 
 
-def test_h100_decode_concurrency_16() -> None:
-    tpot = _closed_loop_tpot(16, n_requests=96)
-    assert tpot == pytest.approx(10.9e-3, rel=0.15)
+def test_h100_long_context_decode_throughput_stops_growing_past_16() -> None:
+    # The measured engine: ~3k-token contexts give 1.5-1.9k tokens/s at B=16
+    # and 1.9k at B=96; a bandwidth-bound model would give ~3x more at 96.
+    tok_s = {b: b / (_long_context_decode_ms(3000, b) / 1e3) for b in (16, 32, 96)}
+    assert 1500 <= tok_s[16] <= 2300
+    assert tok_s[96] <= 1.25 * tok_s[16]
+    assert tok_s[32] <= 1.5 * tok_s[16]
 
 
-def test_h100_prefill_throughput() -> None:
-    engine = Engine(profile=get_profile("h100-llama3-8b"))
-    reqs = [Request(request_id=str(i), prompt_ids=_ids(4096, i), output_ids=[1]) for i in range(32)]
-    end = simulate(engine, [(0.0, r) for r in reqs])
-    throughput = 32 * 4096 / end
-    assert 35_000 <= throughput <= 45_000
-    assert engine.counters.prefill_tokens_computed == 32 * 4096
+@pytest.mark.parametrize(
+    ("batch", "measured_ms"), [(1, 6.59), (16, 6.78), (64, 7.77), (256, 21.77)]
+)
+def test_h100_short_prompt_decode_within_10_percent(batch: int, measured_ms: float) -> None:
+    engine = Engine(profile=_H100, kv_tokens=_KV_TOKENS)
+    reqs = [
+        Request(request_id=str(i), prompt_ids=_ids(40, ("s", i)), output_ids=[5] * 200)
+        for i in range(batch)
+    ]
+    _send(engine, reqs)
+    assert _ms_per_token(reqs) == pytest.approx(measured_ms, rel=0.10)
+
+
+def test_h100_single_prompt_prefill_within_10_percent() -> None:
+    # The fidelity script's figure (median of 3, three runs): 32.9k-34.6k tokens/s
+    # as prompt tokens / TTFT. (The calibration script's 23.2k for the same
+    # case carries that script's own overhead: on the emulator it read 34.3k
+    # where the fidelity script read 39.1k.)
+    engine = Engine(profile=_H100, kv_tokens=_KV_TOKENS)
+    req = Request(request_id="p", prompt_ids=_ids(4000, "p"), output_ids=[1])
+    _send(engine, [req])
+    tok_s = 4000 / req.first_token_time  # type: ignore[operator]
+    assert tok_s == pytest.approx((32_900 + 34_600) / 2, rel=0.10)
+    for measured in (32_900, 34_600):
+        assert tok_s == pytest.approx(measured, rel=0.10)
+
+
+def test_h100_batched_prefill_16x2000_within_10_percent() -> None:
+    # 16 concurrent 2,000-token prompts, tokens / last TTFT, by the calibration
+    # script: 35.5k tokens/s on vLLM, 34.9k on the emulator of the time, whose
+    # engine did the same in 0.745 s of virtual time (42,976 tokens/s; the
+    # rest was the script and the emulator's HTTP path). The script's overhead
+    # cancels in the ratio, so the engine-time figure vLLM implies is
+    # 42,976 x 35.5 / 34.9 tokens/s.
+    engine = Engine(profile=_H100, kv_tokens=_KV_TOKENS)
+    reqs = [
+        Request(request_id=str(i), prompt_ids=_ids(2000, ("b", i)), output_ids=[1])
+        for i in range(16)
+    ]
+    simulate(engine, [(0.0, r) for r in reqs])
+    tok_s = 16 * 2000 / max(r.first_token_time for r in reqs)  # type: ignore[type-var]
+    assert tok_s == pytest.approx(42_976 * 35_541.5 / 34_905.2, rel=0.10)
+
+
+_TTFT_P50_S = {  # N -> (shared 2,048-token system prompt, unique one), + ~500 unique tokens
+    5: (0.139, 0.282),
+    10: (0.190, 0.468),
+    20: (0.294, 0.751),
+    50: (0.479, 1.661),
+    100: (0.818, 3.165),
+}
+
+
+@pytest.mark.parametrize("n", sorted(_TTFT_P50_S))
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "unique"])
+def test_h100_ttft_tables_within_10_percent(n: int, shared: bool) -> None:
+    engine = Engine(profile=_H100, kv_tokens=_KV_TOKENS)
+    reqs = [
+        Request(
+            request_id=str(i),
+            prompt_ids=[*_ids(2048, "system" if shared else ("system", i)), *_ids(500, i)],
+            output_ids=[7] * 16,
+        )
+        for i in range(n)
+    ]
+    _send(engine, reqs)
+    p50 = statistics.median(r.first_token_time for r in reqs)  # type: ignore[type-var]
+    assert p50 == pytest.approx(_TTFT_P50_S[n][0 if shared else 1], rel=0.10)
+    expected_prefill = 2048 + 500 * n if shared else 2548 * n
+    assert engine.counters.prefill_tokens_computed == expected_prefill
 
 
 # BatchAgent's table (two published runs), N -> (TTFT P50 no cache, TTFT P50 cache).

@@ -12,7 +12,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import START, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from langgraph_batch._context import current_sibling
+from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch.errors import BackendServerError, SiblingFailedError
 from langgraph_batch.nodes import FanOutNode, SiblingError, fan_out
 from tests.unit.nodes.fakes import FakeQueue, ScriptedChatModel, number_graph
@@ -402,3 +402,39 @@ async def test_interrupt_inside_a_sibling_pauses_and_resumes_only_that_sibling()
     resumed = await g.ainvoke(Command(resume="yes"), cfg)
     assert resumed["out"] == [0, 1, "approved:yes", 3]
     assert sorted(calls) == [0, 1, 2, 2, 3]  # only the interrupted sibling ran again
+
+
+async def test_siblings_see_how_many_of_their_run_are_left() -> None:
+    """`SiblingInfo.left` reads the run's live counter (the scheduler sizes its waves with it)."""
+    seen: list[int] = []
+    counters: list[Any] = []
+    all_started = asyncio.Event()
+    release = asyncio.Event()
+
+    class S(TypedDict, total=False):
+        x: int
+
+    async def work(state: S) -> S:
+        info = current_sibling()
+        assert info is not None
+        assert info.left is not None
+        counters.append(info.left)
+        seen.append(info.siblings_left)
+        if len(seen) == 3:
+            all_started.set()
+        if state["x"] != 0:
+            await release.wait()
+        return {"x": state["x"]}
+
+    b = StateGraph(S)
+    b.add_node("work", work)
+    b.add_edge(START, "work")
+    node = fan_out(b.compile(), items="xs", into="out", make_input=lambda item, i: {"x": item})
+    run = asyncio.create_task(parent_graph(node).ainvoke({"xs": [0, 1, 2]}))
+    await all_started.wait()
+    assert max(seen) == 3
+    assert counters[0]() in (2, 3)  # sibling 0 may have finished already
+    release.set()
+    await run
+    assert [c() for c in counters] == [0, 0, 0]  # read live: all finished now
+    assert SiblingInfo(group="g", index=0).siblings_left == 0  # outside a fan_out: unknown

@@ -255,8 +255,8 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create(
 
     from langgraph_batch.nodes import fan_out
 
-    # The module, not the function of the same name that `nodes` exports.
-    fan_out_module = importlib.import_module("langgraph_batch.nodes.fan_out")
+    # Where fan_out looks for the schedulers of the running loop.
+    spec_module = importlib.import_module("langgraph_batch.nodes._spec")
 
     class Metrics:
         kv_capacity_tokens = 1000
@@ -275,7 +275,7 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create(
     live = {"now": 0, "peak": 0}
     created: list[Sched] = []
     # The registry's view of the loop: the scheduler appears once a model call made it.
-    monkeypatch.setattr(fan_out_module, "loop_schedulers", lambda: list(created))
+    monkeypatch.setattr(spec_module, "loop_schedulers", lambda: list(created))
 
     async def work(state: S) -> S:
         # Like a model call: the first one "creates" the loop's scheduler.

@@ -206,3 +206,23 @@ async def test_events_name_the_graph_node_when_no_name_is_given() -> None:
         if isinstance(data, dict)
     }
     assert names == {"triage"}
+
+
+async def test_closing_render_progress_early_closes_the_stream_it_wraps() -> None:
+    """A consumer that stops reading (break, cancellation) must stop the graph run it
+    was reading, not leave it running until garbage collection."""
+    closed = False
+
+    async def run() -> AsyncIterator[Any]:
+        nonlocal closed
+        try:
+            for i in range(100):
+                yield ("custom", fan_out_event("sibling_finished", node="n", done=i, total=100))
+        finally:
+            closed = True
+
+    bar = render_progress(run(), stream=io.StringIO(), tty=False)
+    async for _ in bar:
+        break
+    await bar.aclose()
+    assert closed

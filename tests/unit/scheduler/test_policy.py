@@ -482,7 +482,15 @@ def test_decrease_ends_slow_start_then_additive_increase() -> None:
 
 
 def test_rising_preemptions_end_slow_start() -> None:
-    c = core(max_inflight=64, initial_inflight=32, decrease_factor=0.5, has_metrics=True)
+    # The in-flight limit alone (the decode cap would hold these agents at 16
+    # before the engine's first sample: test_policy_decode.py).
+    c = core(
+        max_inflight=64,
+        initial_inflight=32,
+        decrease_factor=0.5,
+        has_metrics=True,
+        decode_cap=False,
+    )
     saturate(c, 0.0, extra=10)
     c.on_metrics(EngineMetrics(num_requests_waiting=0, num_preemptions_total=0), 0.5)
     assert c.limit == 64

@@ -301,6 +301,50 @@ async def test_streaming_chunks_pass_through_and_no_retry_after_chunks() -> None
     assert backend.order.count("broken") == 1
 
 
+async def test_a_stream_that_fails_before_its_first_content_is_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = GatedBackend(open_gate=True)
+    # The role-only first event (no content) reached the callback, then the stream died.
+    backend.chunks["early"] = [ChatChunk(content="")]
+    backend.failures["early"] = [BackendStreamError("cut", chunks_received=1)]
+    got: list[str] = []
+    caplog.set_level("INFO", logger="langgraph_batch.scheduler._retry")
+    async with Scheduler(backend, policy=BatchPolicy(**FAST)) as s:
+        info = SiblingInfo(group="g", index=7)
+        resp = await s.submit(
+            request("early", stream=True), on_chunk=lambda c: got.append(c.content), sibling=info
+        )
+        assert resp.content == "answer to early"
+        assert s.stats().retries == 1
+    assert backend.order == ["early", "early"]
+    retry = [r for r in caplog.records if r.levelname == "INFO" and "retry 1 of" in r.message]
+    assert len(retry) == 1
+    rec = retry[0]
+    assert (rec.request_id, rec.sibling_index, rec.error_type) == ("early", 7, "BackendStreamError")  # type: ignore[attr-defined]
+    assert "(sibling 7)" in rec.message
+
+
+async def test_a_final_failure_logs_a_warning_with_its_sibling(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = GatedBackend(open_gate=True)
+    backend.failures["f"] = [BackendServerError("boom", status_code=500)] * 3
+    async with Scheduler(backend, policy=BatchPolicy(**FAST, max_retries=2)) as s:
+        with pytest.raises(BackendServerError):
+            await s.submit(request("f"), sibling=SiblingInfo(group="g", index=3))
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    rec = warnings[0]
+    assert (rec.request_id, rec.sibling_index, rec.error_type, rec.attempt) == (  # type: ignore[attr-defined]
+        "f",
+        3,
+        "BackendServerError",
+        2,
+    )
+    assert "after 2 retries" in rec.message
+
+
 async def test_timeout_covers_queue_wait() -> None:
     backend = GatedBackend()
     async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
@@ -320,6 +364,31 @@ async def test_timeout_covers_queue_wait() -> None:
     assert (st.timed_out, st.failed, st.cancelled) == (1, 1, 0)
     with pytest.raises(ValueError, match="timeout=0"):
         await Scheduler(backend).submit(request("x"), timeout=0)
+
+
+async def test_a_failed_batch_member_fails_only_its_caller() -> None:
+    class Settled(BatchBackend):
+        async def complete_batch_settled(self, requests):  # type: ignore[no-untyped-def]
+            self.batches.append([r.request_id for r in requests])
+            return [
+                BackendBadRequestError("too long", status_code=400)
+                if r.request_id == "bad"
+                else response(r)
+                for r in requests
+            ]
+
+    backend = Settled(open_gate=True)
+    policy = BatchPolicy(batch_window_s=0.05, max_batch_size=8, **FAST)
+    async with Scheduler(backend, policy=policy) as s:
+        results = await asyncio.gather(
+            *(s.submit(request(r, batchable=True)) for r in ("a", "bad", "b")),
+            return_exceptions=True,
+        )
+    assert backend.batches == [["a", "bad", "b"]]
+    assert isinstance(results[1], BackendBadRequestError)
+    assert [getattr(r, "content", None) for r in results] == ["answer to a", None, "answer to b"]
+    st = s.stats()
+    assert (st.completed, st.failed, st.in_flight) == (2, 1, 0)
 
 
 async def test_batching_collects_within_the_window() -> None:
@@ -499,3 +568,42 @@ async def test_random_cancellations_never_leak_slots() -> None:
     assert st.completed + n_cancelled == 200
     assert st.cancelled == n_cancelled
     assert backend.max_running <= 8
+
+
+async def test_decode_cap_holds_agent_requests_once_the_engine_counts_tokens() -> None:
+    backend = MetricsBackend(
+        EngineMetrics(num_requests_waiting=0, num_preemptions_total=0, generation_tokens_total=0)
+    )
+    s = Scheduler(backend, policy=BatchPolicy(max_inflight=64))
+    assert s.stats().decode_cap == 16  # provisional until the engine's first sample
+    async with s:
+        await wait_for(lambda: backend.polls >= 1, s)
+        assert s.stats().decode_cap == 16
+        tasks = [asyncio.create_task(s.submit(request(f"r{i}"))) for i in range(16)]
+        await backend.wait_running(16)
+        # A one-shot request is not held by the cap; agent requests are.
+        tasks.append(asyncio.create_task(s.submit(request("x", batchable=True))))
+        await backend.wait_running(17)
+        tasks += [asyncio.create_task(s.submit(request(f"q{i}"))) for i in range(8)]
+        await wait_for(lambda: s.stats().queued == 8, s)
+        assert backend.running == 17
+        backend.gate.set()
+        await asyncio.gather(*tasks)
+    assert backend.max_running == 17
+
+
+async def test_decode_cap_rounds_up_for_what_a_fan_out_run_has_left() -> None:
+    backend = MetricsBackend(
+        EngineMetrics(num_requests_waiting=0, num_preemptions_total=0, generation_tokens_total=0)
+    )
+    async with Scheduler(backend, policy=BatchPolicy(max_inflight=64)) as s:
+        await wait_for(lambda: backend.polls >= 1, s)
+        siblings = [SiblingInfo(group="g", index=i, total=20, left=lambda: 20) for i in range(20)]
+        tasks = [
+            asyncio.create_task(s.submit(request(f"r{i}"), sibling=sib))
+            for i, sib in enumerate(siblings)
+        ]
+        await backend.wait_running(20)  # 20 left: one wave, not 16 and then 4
+        backend.gate.set()
+        await asyncio.gather(*tasks)
+    assert backend.max_running == 20

@@ -1,0 +1,521 @@
+"""Run a workload's contenders, one process each, against the emulator or a live server.
+
+Emulator runs (the default) start the emulator (one process per replica)
+and the tool service, reset both before each contender and read the
+emulator's counters. Live runs (`--server`) start only the tool service,
+name the server in the results, give each contender a fresh random prompt
+prefix (a live server's prefix cache cannot be reset), size prompts with the
+server's `/tokenize`, force the workload's shapes so any model (random
+weights included) produces them, and read the server's `/metrics` before
+and after. Both record every sibling's timeline and the server's phase
+times (`/metrics`), and, when the server is the emulator, each request's
+phases (`/emulator/requests`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks import live, metrics, report, timeline
+from benchmarks.contenders._common import RESULT_PREFIX, sum_stats
+from benchmarks.toolservice import ROOT, ToolServiceConfig, tool_service
+from benchmarks.workloads import (
+    SINGLE_TURN,
+    Workload,
+    emulator_settings,
+    make_job,
+    params,
+    system_rng,
+    task_head,
+    task_rng,
+)
+
+logger = logging.getLogger(__name__)
+
+MODULES = {
+    "naive": "benchmarks.contenders.naive",
+    "naive-bounded": "benchmarks.contenders.naive",
+    "langgraph-batch": "benchmarks.contenders.lgb",
+    "langgraph-batch-rr": "benchmarks.contenders.lgb",
+    "batchagent": "benchmarks.contenders.batchagent_runner",
+}
+SINGLE_TURN_MODULE = "benchmarks.contenders.single"
+SINGLE_TURN_CONTENDERS = (
+    "abatch-bounded",
+    "abatch",
+    "langgraph-batch",
+    "langgraph-batch-fan-out",
+    "langgraph-batch-nobatch",
+)
+BATCHAGENT_VENV = ROOT / "benchmarks" / ".venv-batchagent"
+BATCHAGENT_SPEC = "batch-agent==0.2.0"
+MODEL = "emulated-llama-3-8b"
+LAG_WARN_S = 0.5
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
+def batchagent_python() -> Path:
+    """The batchagent venv's python, creating the venv on first use.
+
+    Raises:
+        RuntimeError: if the venv cannot be created or batch-agent not installed.
+    """
+    py = BATCHAGENT_VENV / "bin" / "python"
+    check = [str(py), "-c", "import batch_agent"]
+    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return py
+    log(f"creating {BATCHAGENT_VENV} with {BATCHAGENT_SPEC} (first run only)")
+    steps = [
+        [sys.executable, "-m", "venv", str(BATCHAGENT_VENV)],
+        [str(py), "-m", "pip", "install", "-q", BATCHAGENT_SPEC],
+    ]
+    # The main venv may itself have been created without pip in its base python.
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"could not set up the batchagent venv: `{shlex.join(cmd)}` failed: "
+                f"{(proc.stderr or proc.stdout)[-500:]}"
+            )
+    if subprocess.run(check, capture_output=True).returncode != 0:
+        raise RuntimeError(f"{BATCHAGENT_SPEC} installed but `import batch_agent` fails")
+    return py
+
+
+def versions() -> dict[str, Any]:
+    """Versions of everything that shapes the numbers."""
+    out: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
+    for dist in ("langgraph-batch", "langgraph", "langchain-core", "langchain-openai", "openai"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    out["batch-agent"] = BATCHAGENT_SPEC.split("==")[1]
+    out["cpu_count"] = os.cpu_count()
+    try:
+        out["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        out["git_commit"] = None
+    return out
+
+
+def module_for(workload: str, name: str) -> str:
+    """The module a contender of `workload` runs."""
+    return SINGLE_TURN_MODULE if workload in SINGLE_TURN else MODULES[name]
+
+
+def replica_stats(urls: Sequence[str]) -> dict[str, Any]:
+    """The emulator counters summed over every replica (lags: the worst replica's)."""
+    return sum_stats([metrics.emulator_stats(u) for u in urls])
+
+
+def run_contender(
+    name: str,
+    job: dict[str, Any],
+    *,
+    timeout: float,
+    trace_urls: Sequence[str] | None = None,
+) -> tuple[dict[str, Any] | None, str | None, list[list[float]]]:
+    """Run one contender process; returns (client report, error, server trace).
+
+    With `trace_urls`, the emulator's running/waiting counts (summed over the
+    replicas) are sampled every 0.25 s while the contender runs:
+    `[wall_s, running, waiting, busy_s]` rows that show how the contender
+    loads the server.
+    """
+    python: Path | str = sys.executable
+    if name == "batchagent":
+        try:
+            python = batchagent_python()
+        except RuntimeError as exc:
+            return None, str(exc), []
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.setdefault("LANGSMITH_TRACING", "false")
+    cmd = [str(python), "-m", module_for(job["workload"], name)]
+    trace: list[list[float]] = []
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, env=env, cwd=ROOT
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(job))
+        proc.stdin.close()
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                return None, f"timed out after {timeout:.0f} s", trace
+            if trace_urls:
+                try:
+                    st = replica_stats(trace_urls)
+                    trace.append(
+                        [
+                            round(time.monotonic() - t0, 3),
+                            st.get("running", 0),
+                            st.get("waiting", 0),
+                            round(st.get("busy_time_s", 0.0), 3),
+                        ]
+                    )
+                except (httpx.HTTPError, ValueError):
+                    pass
+            time.sleep(0.25)
+        out.seek(0)
+        stdout = out.read()
+        err.seek(0)
+        stderr = err.read()
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+            return result, None, trace
+    tail = (stderr or stdout or "")[-1500:]
+    return None, f"exit code {proc.returncode}, no result; output tail: {tail}", trace
+
+
+def request_phases(url: str, since: float | None) -> list[list[Any]] | None:
+    """The emulator's per-request phases since engine time `since`, relative to it (None: none)."""
+    if since is None:
+        return None
+    try:
+        resp = httpx.get(f"{url}/emulator/requests", params={"since": since}, timeout=30.0)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    data = resp.json()
+    fields = data["fields"]
+    rows = []
+    for raw in data["requests"]:
+        row = dict(zip(fields, raw, strict=True))
+        rows.append(
+            [
+                row["request_id"],
+                *(
+                    None if row[k] is None else round(row[k] - since, 4)
+                    for k in ("arrival", "first_scheduled", "first_token", "finish")
+                ),
+                row["preemptions"],
+                row["prompt_tokens"],
+                row["cached_tokens"],
+                row["output_tokens"],
+            ]
+        )
+    return rows
+
+
+def shape_check(job: dict[str, Any], client: dict[str, Any]) -> dict[str, Any]:
+    """Did the forced shapes hold? Answers' lengths and tool arguments, as the client saw them."""
+    answers = (client.get("output_tokens") or {}).get("answer") or []
+    known = [t for t in answers if t is not None]
+    want = int(job["answer_tokens"])
+    keys = set(job.get("tool_keys") or [])
+    args = client.get("tool_args") or []
+    out: dict[str, Any] = {
+        "forced": bool(job.get("forced_shapes")),
+        "answer_tokens_wanted": want,
+        "answers": len(answers),
+        "answers_with_usage": len(known),
+        "answer_tokens_min": min(known) if known else None,
+        "answer_tokens_max": max(known) if known else None,
+        "tool_args_seen": sorted(args)[:20],
+        "tool_args_valid": all(a in keys for a in args) if keys else None,
+    }
+    out["held"] = (
+        bool(job.get("forced_shapes"))
+        and all(t == want for t in known)
+        and out["tool_args_valid"] is not False
+    )
+    return out
+
+
+def _tool_config(wl: Workload, time_scale: float, seed: int) -> ToolServiceConfig:
+    # Tool latencies shrink with the emulator's clock so that ratios hold.
+    rng = wl.tool_latency_range_s
+    return ToolServiceConfig(
+        latency_s=wl.tool_latency_s / time_scale,
+        latency_range_s=None if rng is None else (rng[0] / time_scale, rng[1] / time_scale),
+        concurrency=wl.tool_concurrency,
+        result_words=wl.tool_result_words,
+        seed=seed,
+    )
+
+
+def _finish_entry(
+    entry: dict[str, Any],
+    *,
+    job: dict[str, Any],
+    client: dict[str, Any],
+    server_delta: dict[str, float],
+    phases: list[list[Any]] | None,
+    scale: float,
+) -> dict[str, Any]:
+    events = entry.pop("events", None) or []
+    sib = timeline.per_sibling(events, client.get("completions_s") or [], scale=scale)
+    entry["timeline"] = sib
+    entry["server_metrics_delta"] = server_delta
+    entry["breakdown"] = timeline.breakdown(sib, server_delta)
+    entry["server_requests"] = phases
+    entry["shape"] = shape_check(job, client)
+    return entry
+
+
+def _log_entry(wid: str, name: str, entry: dict[str, Any], wall: float) -> None:
+    log(
+        f"{wid}: {name}: makespan {entry['makespan_s']:.2f} s, "
+        f"p95 {entry['latency_p95_s'] or 0:.2f} s, failures {entry['failures']}, "
+        f"prefill {entry['prefill_tokens_computed']}, lag {entry.get('server_lag_s')}, "
+        f"CPU {entry['client_cpu_s']:.1f} s, process {wall:.1f} s"
+    )
+
+
+def run_workload(
+    wl: Workload,
+    *,
+    n: int,
+    contenders: Sequence[str],
+    time_scale: float,
+    seed: int,
+    timeout: float,
+    trace: bool = False,
+    lgb_options: dict[str, Any] | None = None,
+    target: live.ServerTarget | None = None,
+) -> dict[str, Any]:
+    """Run every contender on one workload; returns the results dict."""
+    if target is not None:
+        return _run_live(
+            wl, n=n, contenders=contenders, seed=seed, timeout=timeout, target=target,
+            lgb_options=lgb_options,
+        )  # fmt: skip
+    from benchmarks.contenders import ideal
+    from langgraph_batch.emulator.config import EmulatorConfig
+    from langgraph_batch.emulator.process import EmulatorProcess
+
+    emu_kwargs: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "profile": wl.profile,
+        "flavor": wl.flavor,
+        "scenario": "agent",
+        "time_scale": time_scale,
+        "model": MODEL,
+        "seed": seed,
+        **emulator_settings(wl),
+    }
+    if wl.kv_tokens is not None:
+        emu_kwargs["kv_tokens"] = wl.kv_tokens
+    cfg = EmulatorConfig(**emu_kwargs)
+    results: dict[str, Any] = {}
+    warnings: list[str] = []
+    log(
+        f"{wl.id}: N={n}, time scale {time_scale}, {wl.replicas} {wl.flavor} replica(s), "
+        f"contenders {', '.join(contenders)}"
+    )
+    with ExitStack() as stack:
+        urls = [stack.enter_context(EmulatorProcess(cfg)).url for _ in range(wl.replicas)]
+        tool_url = stack.enter_context(tool_service(_tool_config(wl, time_scale, seed)))
+        for name in contenders:
+            if name == "ideal":
+                results[name] = ideal.ideal(wl, n=n, seed=seed)
+                log(f"{wl.id}: ideal makespan {results[name]['makespan_s']:.2f} s (emulated)")
+                continue
+            for url in urls:
+                metrics.reset_emulator(url)
+            metrics.reset_tools(tool_url)
+            job = make_job(
+                wl, n=n, seed=seed, llm_url=urls, tool_url=tool_url, model=MODEL, contender=name
+            )
+            if lgb_options:
+                job["lgb_options"] = lgb_options
+            t0 = time.monotonic()
+            client, error, samples = run_contender(
+                name, job, timeout=timeout, trace_urls=urls if trace else None
+            )
+            wall = time.monotonic() - t0
+            if client is None:
+                log(f"{wl.id}: {name} FAILED: {error}")
+                results[name] = {"error": error}
+                continue
+            stats = replica_stats(urls)
+            after: dict[str, float] = {}
+            for url in urls:
+                for key, value in live.metrics(url).items():
+                    after[key] = after.get(key, 0.0) + value
+            delta = live.metrics_delta(after, client.get("baseline_metrics") or {})
+            entry = metrics.combine(
+                client, stats, metrics.tool_stats(tool_url), time_scale=time_scale
+            )
+            since = (client.get("baseline_emulator") or {}).get("engine_time_s")
+            phases = request_phases(urls[0], since) if len(urls) == 1 else None
+            _finish_entry(
+                entry, job=job, client=client, server_delta=delta, phases=phases, scale=time_scale
+            )
+            lag = entry.get("server_lag_s")
+            if isinstance(lag, int | float) and lag > LAG_WARN_S:
+                warnings.append(
+                    f"{name}: the emulator fell {lag:.2f} s behind real time "
+                    f"(time scale {time_scale} too small for this machine); its times are inflated"
+                )
+            if len(urls) > 1:
+                # Raw per-replica counts (the contender's one-sibling warm-up included).
+                entry["requests_per_replica"] = stats.get("per_replica_requests")
+            if trace:
+                entry["server_trace"] = samples
+            results[name] = entry
+            _log_entry(wl.id, name, entry, wall)
+    server = {
+        "url": urls[0] if len(urls) == 1 else urls,
+        "emulator": True,
+        "profile": wl.profile,
+        "flavor": wl.flavor,
+        "model": MODEL,
+    }
+    return _result(wl, n, seed, time_scale, lgb_options, results, warnings, server)
+
+
+def _result(
+    wl: Workload,
+    n: int,
+    seed: int,
+    time_scale: float,
+    lgb_options: dict[str, Any] | None,
+    results: dict[str, Any],
+    warnings: list[str],
+    server: dict[str, Any],
+) -> dict[str, Any]:
+    emulated = bool(server.get("emulator")) and not server.get("live")
+    out: dict[str, Any] = {
+        "workload": wl.id,
+        "params": params(wl, n=n, seed=seed, time_scale=time_scale)
+        | {
+            "times": (
+                "emulated seconds (wall seconds x time_scale)" if emulated else "wall seconds"
+            ),
+            "model": server.get("model"),
+            "lgb_options": lgb_options or {},
+            "server": server,
+        },
+        "versions": versions(),
+        "contenders": results,
+    }
+    out["ratios"] = report.ratios(results)
+    out["goals"] = report.goals(wl.id, results, n)
+    out["warnings"] = warnings
+    return out
+
+
+def _live_prompts(wl: Workload, n: int, seed: int, sizer: live.Sizer) -> tuple[str, list[str]]:
+    """The shared system prompt (with a placeholder run prefix) and the tasks, in server tokens."""
+    specs = [(live.run_nonce() + " " + wl.system_head, wl.system_tokens, system_rng(seed))]
+    specs += [(task_head(wl, i), wl.task_tokens, task_rng(seed, i)) for i in range(n)]
+    texts = asyncio.run(sizer.fit_all(specs))
+    return texts[0], texts[1:]
+
+
+def _run_live(
+    wl: Workload,
+    *,
+    n: int,
+    contenders: Sequence[str],
+    seed: int,
+    timeout: float,
+    target: live.ServerTarget,
+    lgb_options: dict[str, Any] | None,
+) -> dict[str, Any]:
+    from benchmarks.contenders import ideal
+
+    if wl.replicas > 1:
+        raise ValueError(f"{wl.id} needs {wl.replicas} replicas: run it on the emulator")
+    identity = live.identify(target)
+    identity["live"] = True
+    identity["engine_time_scale"] = live.engine_time_scale(target.base_url)
+    log(
+        f"{wl.id}: N={n} against {target.url} (version {identity['version']}, model "
+        f"{target.model}, {'the emulator' if identity['emulator'] else 'not the emulator'}), "
+        f"contenders {', '.join(contenders)}"
+    )
+    sizer = live.Sizer(target)
+    system, tasks = _live_prompts(wl, n, seed, sizer)
+    identity["prompt_sizing"] = sizer.method
+    nonce_end = system.index(".") + 1
+    results: dict[str, Any] = {}
+    warnings: list[str] = []
+    if sizer.method != "tokenize":
+        warnings.append(f"{target.url} has no /tokenize: prompts sized at one token per word")
+    with ExitStack() as stack:
+        tool_url = stack.enter_context(tool_service(_tool_config(wl, 1.0, seed)))
+        for name in contenders:
+            if name == "ideal":
+                entry = ideal.ideal(wl, n=n, seed=seed)
+                entry["note"] += (
+                    f"; the {wl.profile} cost model, not {target.url}: a reference only"
+                )
+                results[name] = entry
+                continue
+            if name == "batchagent":
+                results[name] = {"error": "batchagent cannot force the workload's shapes"}
+                continue
+            # A fresh random prefix per contender: no contender reuses another's cache.
+            prompts = (live.run_nonce() + system[nonce_end:], tasks)
+            metrics.reset_tools(tool_url)
+            job = make_job(
+                wl,
+                n=n,
+                seed=seed,
+                llm_url=target.base_url,
+                tool_url=tool_url,
+                model=target.model,
+                contender=name,
+                prompts=prompts,
+                live={"flavor": target.flavor, "lgb_url": target.lgb_url},
+            )
+            if lgb_options:
+                job["lgb_options"] = lgb_options
+            t0 = time.monotonic()
+            client, error, _ = run_contender(name, job, timeout=timeout)
+            wall = time.monotonic() - t0
+            if client is None:
+                log(f"{wl.id}: {name} FAILED: {error}")
+                results[name] = {"error": error}
+                continue
+            delta = live.to_wall_seconds(
+                live.metrics_delta(live.metrics(target.base_url), client["baseline_metrics"]),
+                identity["engine_time_scale"],
+            )
+            entry = metrics.combine_live(client, delta, metrics.tool_stats(tool_url))
+            since = (client.get("baseline_emulator") or {}).get("engine_time_s")
+            phases = request_phases(target.base_url, since)
+            _finish_entry(
+                entry, job=job, client=client, server_delta=delta, phases=phases, scale=1.0
+            )
+            if not entry["shape"]["held"]:
+                warnings.append(f"{name}: the forced shapes did not hold: {entry['shape']}")
+            results[name] = entry
+            _log_entry(wl.id, name, entry, wall)
+    return _result(wl, n, seed, 1.0, lgb_options, results, warnings, identity)

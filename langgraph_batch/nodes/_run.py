@@ -1,0 +1,241 @@
+"""The live state of one fan_out invocation, and how a run opens and closes.
+
+`FanOutRun` is shared by the sibling tasks (through the inner graph's config):
+the gate, the counters, the progress writer. `open_run` reads the items,
+builds the gate and announces the run; `close_run` stops the gate's sizer
+and forgets what coalesced tools kept for the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import merge_configs
+from langgraph.config import get_stream_writer
+
+from langgraph_batch._loop import BackgroundLoop
+from langgraph_batch._progress import fan_out_event
+from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._spec import FanOutSpec
+
+__all__ = (
+    "RUN_KEY",
+    "SYNC_MAX_THREADS",
+    "FanOutRun",
+    "child_config",
+    "close_empty",
+    "close_run",
+    "forget_run",
+    "group_id",
+    "open_run",
+    "report_sizer",
+    "stream_writer",
+    "thread_config",
+)
+
+logger = logging.getLogger("langgraph_batch.nodes.fan_out")
+
+RUN_KEY = "__lgb_fan_out_run"
+"""configurable key carrying the live `FanOutRun` to the sibling tasks (never checkpointed)."""
+
+SYNC_MAX_THREADS = 128
+"""Siblings running at once when a sync graph runs them in threads (unless the config
+sets `max_concurrency`)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class FanOutRun:
+    """Live state of one fan_out invocation, shared by its sibling tasks."""
+
+    node: str
+    group: str
+    run_id: str
+    """Unique to this invocation (coalesced tools share within it, never across runs)."""
+    total: int
+    items: list[Any]
+    admission: SiblingAdmission
+    scheduler: Any
+    writer: Callable[[Any], None]
+    run_done: asyncio.Event
+    sizer: asyncio.Task[None] | None = None
+    started: int = 0
+    done: int = 0
+    failed: int = 0
+    emit_failed: bool = False
+    threads: bool = False
+    """Whether the siblings run in threads (sync graph, sync-only checkpointer)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards the counters: in threads, siblings count from several threads."""
+
+    def count_started(self) -> None:
+        with self.lock:
+            self.started += 1
+
+    def count_done(self, *, failed: bool) -> None:
+        with self.lock:
+            self.done += 1
+            self.failed += int(failed)
+
+    def left(self) -> int:
+        """Siblings not finished yet (`SiblingInfo.left`: the scheduler sizes its last waves)."""
+        return max(0, self.total - self.done)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        fields.setdefault("stats", _scheduler_stats(self.scheduler))
+        try:
+            self.writer(
+                fan_out_event(
+                    event,
+                    node=self.node,
+                    group=self.group,
+                    done=self.done,
+                    failed=self.failed,
+                    total=self.total,
+                    active=self.admission.active,
+                    **fields,
+                )
+            )
+        except Exception as exc:  # progress must never break a run, nor fail unseen
+            if not self.emit_failed:
+                self.emit_failed = True
+                logger.warning(
+                    "fan_out %s: progress events cannot be written (%s); the run goes on "
+                    "without them",
+                    self.node,
+                    type(exc).__name__,
+                )
+            logger.debug("fan_out %s: could not write a progress event", self.node, exc_info=True)
+
+
+def _noop_writer(_: Any) -> None:
+    return None
+
+
+def stream_writer() -> Callable[[Any], None]:
+    try:
+        return get_stream_writer()
+    except Exception:  # called outside a graph run
+        return _noop_writer
+
+
+def _scheduler_stats(scheduler: Any) -> dict[str, Any] | None:
+    if scheduler is None or not callable(getattr(scheduler, "stats", None)):
+        return None
+    try:
+        stats = scheduler.stats()
+        if is_dataclass(stats) and not isinstance(stats, type):
+            raw = asdict(stats)
+        elif isinstance(stats, Mapping):
+            raw = dict(stats)
+        else:
+            return None
+    except Exception:
+        logger.debug("fan_out: scheduler.stats() failed", exc_info=True)
+        return None
+    return {k: v for k, v in raw.items() if isinstance(v, int | float | str | bool) or v is None}
+
+
+def group_id(config: RunnableConfig) -> str:
+    """An id for this fan_out invocation: stable across resume when checkpointed."""
+    conf = config.get("configurable") or {}
+    ns = conf.get("checkpoint_ns")
+    if isinstance(ns, str) and ns:
+        # The namespace ends with this node's task id, which LangGraph derives
+        # from the checkpoint: the same when the run resumes, new otherwise.
+        raw = f"{conf.get('thread_id', '')}|{ns}"
+        return hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return uuid.uuid4().hex[:8]
+
+
+def forget_run(run_id: str) -> None:
+    """Drop what coalesced tools kept for this run (the tools module is optional here)."""
+    tools = sys.modules.get("langgraph_batch._tool_policy")
+    forget = getattr(tools, "forget_run", None)
+    if callable(forget):
+        try:
+            forget(run_id)
+        except Exception:
+            logger.warning("fan_out: forget_run(%s) failed", run_id, exc_info=True)
+
+
+def report_sizer(task: asyncio.Task[None]) -> None:
+    """The sizer is never awaited (the run may be cancelled): report its failure here."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.warning(
+            "fan_out: sizing the admission gate failed (%s); running without a KV budget",
+            type(exc).__name__,
+        )
+
+
+async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanOutRun:
+    """Read the items, build the gate, announce the run (in the event loop it will use)."""
+    items = spec.resolve_items(state)
+    remote = spec.executor is not None
+    # Remote siblings are admitted by their workers: the parent's gate stays open.
+    scheduler = None if remote else spec.resolve_scheduler()
+    admission = SiblingAdmission() if remote else await spec.make_admission(scheduler)
+    label = spec.name
+    if not spec.named:
+        label = str((config.get("metadata") or {}).get("langgraph_node") or label)
+    run = FanOutRun(
+        node=label,
+        group=group_id(config),
+        run_id=uuid.uuid4().hex,
+        total=len(items),
+        items=items,
+        admission=admission,
+        scheduler=scheduler,
+        writer=stream_writer(),
+        run_done=asyncio.Event(),
+    )
+    if not remote and scheduler is None and spec.max_active is None and items:
+        # No scheduler named: the siblings' models create one on their first
+        # call. Let one sibling in, find that scheduler, then size the gate.
+        admission.start_sizing()
+        run.sizer = asyncio.create_task(spec.size_later(admission, run.run_done))
+        run.sizer.add_done_callback(report_sizer)
+    run.emit("started", max_active=admission.max_active)
+    return run
+
+
+def child_config(run: FanOutRun, config: RunnableConfig) -> RunnableConfig:
+    return merge_configs(config, {"configurable": {RUN_KEY: run}})
+
+
+def thread_config(run: FanOutRun, child: RunnableConfig) -> RunnableConfig:
+    """In threads, each running sibling holds one: size LangGraph's pool for them."""
+    if child.get("max_concurrency"):
+        return child
+    return merge_configs(child, {"max_concurrency": min(run.total, SYNC_MAX_THREADS)})
+
+
+def close_run(run: FanOutRun, *, loop: BackgroundLoop | None = None) -> None:
+    """Stop the sizer and forget kept tool results (from the run's loop, or any thread)."""
+
+    def close() -> None:
+        run.run_done.set()
+        if run.sizer is not None and not run.sizer.done():
+            run.sizer.cancel()  # never awaited here: this task may itself be cancelled
+        forget_run(run.run_id)
+
+    if loop is None:
+        close()
+    else:
+        loop.call(close)
+
+
+def close_empty(spec: FanOutSpec, run: FanOutRun) -> dict[str, Any]:
+    run.emit("done")
+    return {spec.into: []}

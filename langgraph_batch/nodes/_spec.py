@@ -1,0 +1,182 @@
+"""The options of one `FanOutNode`, and what a run does with them before siblings start.
+
+Reading the items, finding the scheduler and the server's KV capacity, and
+building the admission gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
+from langgraph_batch.scheduler.registry import loop_schedulers
+
+__all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
+
+logger = logging.getLogger("langgraph_batch.nodes.fan_out")
+
+DEFAULT_SIBLING_TOKENS = 4096
+"""Estimated KV working set of one sibling before any has finished (sizes `max_active`)."""
+
+_METRICS_TIMEOUT_S = 2.0
+"""How long a fan_out waits for the server's metrics to size `max_active`."""
+
+
+_DISCOVER_TIMEOUT_S = 1.0
+"""How long after its first sibling started a fan_out without `scheduler=` looks for the
+scheduler its siblings' models create (admitting one sibling meanwhile)."""
+
+_DISCOVER_POLL_S = 0.02
+
+
+async def fetch_kv_capacity(scheduler: Any) -> int | None:
+    """Ask the scheduler's backend for its KV capacity when no metrics were polled yet."""
+    backend = getattr(scheduler, "backend", None)
+    if backend is None or not callable(getattr(backend, "metrics", None)):
+        return None
+    try:
+        async with asyncio.timeout(_METRICS_TIMEOUT_S):
+            metrics = await backend.metrics()
+    except Exception:  # unknown capacity means no cap, never a failed run
+        logger.debug("fan_out: could not read the server's KV capacity", exc_info=True)
+        return None
+    capacity = getattr(metrics, "kv_capacity_tokens", None)
+    return capacity if isinstance(capacity, int) else None
+
+
+def loop_scheduler() -> Any:
+    """The one open scheduler the model calls created in the running loop, if exactly one."""
+    found = loop_schedulers()
+    return found[0] if len(found) == 1 else None
+
+
+@dataclass(slots=True, kw_only=True)
+class FanOutSpec:
+    """The options of one FanOutNode, and what the node functions do with them.
+
+    Deliberately not a Runnable: LangGraph searches node functions' closures
+    for compiled graphs (xray), and a Runnable here would be searched first.
+    """
+
+    name: str
+    named: bool
+    """Whether `name` was given (else progress events use the graph's node name)."""
+    items: str | Callable[[Any], Sequence[Any]]
+    into: str
+    make_input: Callable[[Any, int], Any] | None
+    result: Callable[[Any], Any] | None
+    on_error: Literal["collect", "raise"]
+    max_active: int | None
+    scheduler: Any
+    sibling_tokens: int
+    kv_headroom: float = DEFAULT_KV_HEADROOM
+    executor: Any = None
+    """Runs the siblings elsewhere (`fan_out(executor=...)`, a `SiblingExecutor`);
+    None: in this process."""
+    subgraph: Any = None
+    """The sibling graph, handed to `executor` (None in-process: the inner graph has it)."""
+
+    def resolve_items(self, state: Any) -> list[Any]:
+        if callable(self.items):
+            seq = self.items(state)
+        else:
+            try:
+                seq = state[self.items]
+            except (KeyError, TypeError):
+                raise KeyError(
+                    f"fan_out {self.name!r}: the state has no key {self.items!r} to read "
+                    f"items from; pass items= the right key or a callable(state)"
+                ) from None
+        if isinstance(seq, Set):
+            raise TypeError(
+                f"fan_out {self.name!r}: items is a {type(seq).__name__}, which has no input "
+                f"order, but results come back in input order; pass a list (for example "
+                f"sorted(...) of it)"
+            )
+        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence):
+            raise TypeError(
+                f"fan_out {self.name!r}: items must be a sequence (a list or tuple), "
+                f"got {type(seq).__name__}"
+            )
+        items = list(seq)
+        if self.make_input is None:
+            for i, item in enumerate(items):
+                if not isinstance(item, Mapping):
+                    raise TypeError(
+                        f"fan_out {self.name!r}: item {i} is a {type(item).__name__}, not a "
+                        f"mapping; pass make_input=lambda item, index: {{...}} to build each "
+                        f"sibling's input"
+                    )
+        return items
+
+    def resolve_scheduler(self) -> Any:
+        sched = self.scheduler
+        if isinstance(sched, str):
+            try:
+                # Imported by name: the scheduler package is optional at this layer.
+                registry = importlib.import_module("langgraph_batch.scheduler.registry")
+            except ImportError:
+                return None
+            try:
+                return registry.get_scheduler(sched)
+            except Exception:
+                logger.debug("fan_out: no scheduler named %s", sched, exc_info=True)
+                return None
+        return sched
+
+    async def resolve_kv_capacity(self, scheduler: Any) -> int | None:
+        """The server's KV capacity in tokens, or None when unknown."""
+        capacity = getattr(getattr(scheduler, "latest_metrics", None), "kv_capacity_tokens", None)
+        if capacity is None:
+            capacity = await fetch_kv_capacity(scheduler)
+        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
+            return capacity
+        return None
+
+    async def resolve_max_active(self, scheduler: Any) -> int | None:
+        """The starting cap: explicit, else KV capacity // sibling_tokens, else None."""
+        if self.max_active is not None:
+            return self.max_active
+        capacity = await self.resolve_kv_capacity(scheduler)
+        return None if capacity is None else max(1, capacity // self.sibling_tokens)
+
+    async def size_later(self, admission: SiblingAdmission, run_done: asyncio.Event) -> None:
+        """Find the scheduler the first sibling's model created, then size the gate.
+
+        Runs while the gate admits one fresh sibling at a time; gives up (no
+        budget, as when the capacity is unknown) when none appears within
+        `_DISCOVER_TIMEOUT_S` or the run ends.
+        """
+        capacity: int | None = None
+        try:
+            loop = asyncio.get_running_loop()
+            deadline: float | None = None
+            while not run_done.is_set() and (deadline is None or loop.time() < deadline):
+                if deadline is None and admission.stats().resident:
+                    # The grace period starts when the first sibling runs.
+                    deadline = loop.time() + _DISCOVER_TIMEOUT_S
+                found = loop_scheduler()
+                if found is not None:
+                    capacity = await self.resolve_kv_capacity(found)
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_DISCOVER_POLL_S):
+                        await run_done.wait()
+        finally:
+            admission.set_kv_capacity(capacity, kv_headroom=self.kv_headroom)
+
+    async def make_admission(self, scheduler: Any) -> SiblingAdmission:
+        """The gate of one run: `max_active` plus the resident KV budget when capacity is known."""
+        capacity = await self.resolve_kv_capacity(scheduler)
+        return SiblingAdmission(
+            max_active=self.max_active,
+            kv_capacity=capacity,
+            kv_headroom=self.kv_headroom,
+            sibling_tokens=self.sibling_tokens,
+        )

@@ -1,0 +1,122 @@
+"""Retry decisions of the scheduler: what may be sent again, how long to wait, what to log.
+
+A failed attempt is retried when the error says it may succeed again
+(`is_retryable`), retries are left, and nothing of the failed attempt reached
+the caller: a stream that already delivered content or tool-call chunks is
+never replayed, since the caller has shown them. Everything else fails the
+call with its typed error.
+
+Logging (logger `langgraph_batch.scheduler._retry`): every retry at INFO, and
+every call that fails for good at WARNING, each with the request id, the
+sibling index inside a fan_out, the error type and the attempt, also as
+`extra=` fields (`request_id`, `sibling_index`, `sibling_id`, `error_type`,
+`attempt`).
+Messages never carry credentials: errors hold URLs and request ids only.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+from langgraph_batch._context import SiblingInfo
+from langgraph_batch.errors import SchedulerError
+from langgraph_batch.scheduler._config import BatchPolicy
+
+__all__ = ("backoff", "log_failure", "log_retry", "retryable")
+
+logger = logging.getLogger(__name__)
+
+
+def retryable(exc: BaseException, *, attempt: int, max_retries: int, delivered: int) -> bool:
+    """May the call that failed with `exc` on attempt `attempt` (0-based) be sent again?
+
+    Example:
+        ```python
+        retryable(BackendServerError("503"), attempt=0, max_retries=2, delivered=0)  # True
+        ```
+    """
+    return (
+        attempt < max_retries
+        and not delivered
+        and bool(getattr(exc, "is_retryable", False))
+        and not isinstance(exc, SchedulerError)
+    )
+
+
+def backoff(policy: BatchPolicy, rng: random.Random, attempt: int, exc: BaseException) -> float:
+    """Seconds before retry `attempt` (1-based): full jitter, at least the server's Retry-After."""
+    ceiling = min(policy.backoff_max_s, policy.backoff_base_s * (2 ** (attempt - 1)))
+    delay = rng.uniform(0.0, ceiling)
+    retry_after = getattr(exc, "retry_after_s", None)
+    if retry_after is not None and retry_after > delay:
+        delay = float(retry_after)
+    return delay
+
+
+def _fields(
+    request_id: str, sibling: SiblingInfo | None, exc: BaseException, attempt: int
+) -> dict[str, Any]:
+    return {
+        "request_id": request_id or None,
+        "sibling_index": sibling.index if sibling is not None else None,
+        "sibling_id": sibling.sibling_id if sibling is not None else None,
+        "error_type": type(exc).__name__,
+        "attempt": attempt,
+    }
+
+
+def _who(request_id: str, sibling: SiblingInfo | None) -> str:
+    rid = request_id or "<no id>"
+    return rid if sibling is None else f"{rid} (sibling {sibling.index})"
+
+
+def log_retry(
+    scheduler: str,
+    request_id: str,
+    sibling: SiblingInfo | None,
+    exc: BaseException,
+    *,
+    attempt: int,
+    max_retries: int,
+    delay: float,
+) -> None:
+    """INFO: retry `attempt` of `max_retries` after `exc`, in `delay` seconds."""
+    logger.info(
+        "scheduler %r: request %s failed with %s; retry %d of %d in %.3f s",
+        scheduler,
+        _who(request_id, sibling),
+        type(exc).__name__,
+        attempt,
+        max_retries,
+        delay,
+        extra=_fields(request_id, sibling, exc, attempt),
+    )
+
+
+def log_failure(
+    scheduler: str,
+    request_id: str,
+    sibling: SiblingInfo | None,
+    exc: BaseException,
+    *,
+    attempt: int,
+    delivered: int = 0,
+) -> None:
+    """WARNING: the call failed for good (out of retries, not retryable, or already streamed)."""
+    if delivered:
+        why = "after streaming content (not retried)"
+    elif attempt and getattr(exc, "is_retryable", False):
+        why = f"after {attempt} retries"
+    else:
+        why = "(not retried)"
+    logger.warning(
+        "scheduler %r: request %s failed with %s %s: %s",
+        scheduler,
+        _who(request_id, sibling),
+        type(exc).__name__,
+        why,
+        exc,
+        extra=_fields(request_id, sibling, exc, attempt),
+    )
