@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -64,7 +65,10 @@ def parent_graph(
 async def run_parent(
     graph: Any, xs: list[Any] | None, config: Any = None
 ) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Stream the graph; return the `out` list and the fan_out progress events."""
+    """Stream the graph; return the `out` list and the fan_out progress events.
+
+    Each event gets `_at`: when the parent's stream delivered it (monotonic seconds).
+    """
     events: list[dict[str, Any]] = []
     out: list[Any] = []
     inputs = None if xs is None else {"xs": xs}
@@ -72,7 +76,7 @@ async def run_parent(
         if mode == "custom":
             ev = extract_fan_out_event(chunk)
             if ev is not None:
-                events.append(ev)
+                events.append({**ev, "_at": time.monotonic()})
         elif isinstance(chunk, dict) and "out" in chunk:
             out = chunk["out"]
     return out, events

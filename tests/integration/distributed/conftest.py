@@ -5,6 +5,8 @@
   skip: without redis-server the tests fail (`make test` installs it).
 - `start_worker(url, graph, *args)`: `langgraph-batch worker ...` as a
   subprocess (debug log to a file), killed at teardown.
+- `watch_ttls(url)`: samples every `{lgb:*` key while a run goes on and
+  records any that has no TTL (every key the distributed mode writes must).
 - `tally(...)`: the Jepsen-style counts of one run (lost and duplicate results
   accepted, duplicate executions, dead-lettered), from the parent's results,
   the graph's execution log and the workers' logs.
@@ -24,8 +26,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +247,44 @@ def start_worker(harness: Harness) -> Iterator[Callable[..., WorkerProc]]:
     yield start
     for w in workers:
         w.kill()
+
+
+@dataclass
+class TtlWatch:
+    """What `watch_ttls` saw: every key name, and those found without a TTL."""
+
+    samples: int = 0
+    seen: set[str] = field(default_factory=set)
+    without_ttl: set[str] = field(default_factory=set)
+
+
+@contextlib.asynccontextmanager
+async def watch_ttls(url: str, every_s: float = 0.05) -> AsyncIterator[TtlWatch]:
+    """Sample every `{lgb:*` key (SCAN + PTTL) while the body runs."""
+    from langgraph_batch.distributed._redis import CONNECTION_ERRORS, connect
+
+    watch = TtlWatch()
+    client = connect(url)
+
+    async def sample() -> None:
+        while True:
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                async for raw in client.scan_iter(match="{lgb:*", count=1000):
+                    key = raw.decode()
+                    watch.seen.add(key)
+                    if await client.pttl(key) == -1:  # -2: deleted meanwhile
+                        watch.without_ttl.add(key)
+                watch.samples += 1
+            await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(sample())
+    try:
+        yield watch
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.aclose()
 
 
 # ---------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class Ask(TypedDict, total=False):
 _llm = BatchedChatModel(
     model="test-model",
     base_url=os.environ.get("LGB_TEST_LLM_URL", "http://127.0.0.1:9/v1"),
-    max_tokens=8,
+    max_tokens=int(os.environ.get("LGB_TEST_LLM_MAX_TOKENS", "8")),
     max_retries=0,
 )
 
@@ -98,6 +98,7 @@ def _asker() -> Any:
 
 
 asker = _asker()
+asker_free = asker  # the same graph under a second path: workers of another pool
 
 
 # -- a coalesced tool (cross-worker single flight) -----------------------------------------

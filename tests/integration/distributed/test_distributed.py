@@ -143,6 +143,34 @@ async def test_results_in_order_errors_progress_and_cleanup(fresh: Cluster) -> N
     )
 
 
+async def test_progress_reaches_the_parent_as_results_arrive(fresh: Cluster) -> None:
+    # Seven quick siblings and one slow one: the quick ones' events must reach the
+    # parent's stream while the slow one still runs, not all at the end.
+    xs = [{"x": i, "sleep": 2.0 if i == 0 else 0.05} for i in range(8)]
+    out, events = await run_parent(parent_graph(executor(fresh.redis.url)), xs)
+    assert out == [2 * i for i in range(8)]
+    end = next(e["_at"] for e in events if e["event"] == "done")
+    finished = {e["index"]: e["_at"] for e in events if e["event"] == "sibling_finished"}
+    assert set(finished) == set(range(8))
+    early = [i for i in range(1, 8) if end - finished[i] > 1.0]
+    assert early == list(range(1, 8)), {i: round(end - t, 2) for i, t in finished.items()}
+    assert end - finished[0] < 0.5  # the slow one's event is the last one before "done"
+    assert (
+        next(e for e in events if e["event"] == "sibling_finished" and e["index"] == 1)["done"] < 8
+    )  # counted as it arrived
+
+
+async def test_a_sync_caller_runs_distributed_siblings(fresh: Cluster) -> None:
+    # graph.invoke (main's sync callers): the remote run lives on the background loop.
+    graph = parent_graph(executor(fresh.redis.url))
+    state = await asyncio.to_thread(graph.invoke, {"xs": [{"x": i} for i in range(6)]})
+    assert state["out"] == [2 * i for i in range(6)]
+    assert await asyncio.to_thread(executions, fresh.h.exec_log) == dict.fromkeys(range(6), 1)
+    log = await asyncio.to_thread(fresh.h.exec_log.read_text)
+    pids = {int(line.split()[1]) for line in log.splitlines()}
+    assert pids <= {w.pid for w in fresh.workers}, "siblings ran on the workers, not here"
+
+
 async def test_on_error_raise(fresh: Cluster) -> None:
     graph = parent_graph(executor(fresh.redis.url), on_error="raise")
     with pytest.raises(SiblingFailedError) as info:

@@ -7,13 +7,14 @@ server: it counts requests in flight and records the peak.
 from __future__ import annotations
 
 import asyncio
-import json
+import collections
+import re
 import subprocess
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError
@@ -28,83 +29,30 @@ from tests.integration.distributed.conftest import (
     atally,
     executions,
     free_port,
+    watch_ttls,
 )
 
 pytestmark = pytest.mark.anyio
 
 
-class _CountingServer:
-    """An OpenAI-compatible chat endpoint that answers after `delay_s` and counts concurrency."""
+def _peak_inflight(rows: list[list[Any]]) -> int:
+    """Most requests the emulator held at once (rows: id, arrival, ..., finish, ...)."""
+    edges = sorted([(r[1], 1) for r in rows] + [(r[4], -1) for r in rows])
+    peak = now = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
 
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self.port = free_port()
-        self.inflight = self.peak = self.total = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, daemon=True)
-        self._thread.start()
-        self._ready.wait(5)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def serve() -> None:
-            await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-            self._ready.set()
-
-        self._loop.run_until_complete(serve())
-        self._loop.run_forever()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
-                self.inflight += 1
-                self.total += 1
-                self.peak = max(self.peak, self.inflight)
-                try:
-                    await asyncio.sleep(self.delay_s)
-                finally:
-                    self.inflight -= 1
-                body = json.dumps(
-                    {
-                        "id": f"chatcmpl-{self.total}",
-                        "object": "chat.completion",
-                        "created": 0,
-                        "model": "test-model",
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": "ok"},
-                                "finish_reason": "stop",
-                            }
-                        ],
-                        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-                    }
-                ).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+async def _emulator_rows(url: str, run: Callable[[], Awaitable[Any]]) -> tuple[Any, list[Any]]:
+    """Reset the emulator, run, return the result and the requests it served meanwhile."""
+    async with httpx.AsyncClient(base_url=url) as client:
+        (await client.post("/emulator/reset")).raise_for_status()
+        since = (await client.get("/emulator/stats")).json()["engine_time_s"]
+        out = await run()
+        rows = (await client.get("/emulator/requests", params={"since": since})).json()
+    return out, rows["requests"]
 
 
 async def _workers(
@@ -115,62 +63,108 @@ async def _workers(
     return workers
 
 
-async def test_cluster_inflight_cap_holds_across_workers(
-    start_redis: Callable[..., RedisProc], start_worker: Callable[..., WorkerProc], harness: Harness
+async def test_workers_batch_and_the_cluster_cap_holds(
+    start_redis: Callable[..., RedisProc],
+    start_worker: Callable[..., WorkerProc],
+    start_emulator: Callable[..., str],
+    harness: Harness,
 ) -> None:
-    server = await asyncio.to_thread(_CountingServer, 0.1)
-    try:
-        redis = await asyncio.to_thread(start_redis)
-        await _workers(
+    # The emulator process stands in for the inference server: its per-request phases
+    # (arrival, finish) give how many requests it held at once.
+    url = await asyncio.to_thread(
+        start_emulator, scenario="echo", time_scale=1.0, model="test-model"
+    )
+    llm = {"LGB_TEST_LLM_URL": "vllm://" + url.split("://", 1)[1], "LGB_TEST_LLM_MAX_TOKENS": "16"}
+    redis = await asyncio.to_thread(start_redis)
+    capped = [
+        await asyncio.to_thread(
             start_worker,
-            2,
             redis.url,
             "asker",
             "--concurrency",
             "8",
             "--cluster-inflight",
             "3",
-            LGB_TEST_LLM_URL=server.url,
+            wait=False,
+            **llm,
         )
-        graph = parent_graph(
-            executor(redis.url, "asker"),
+        for _ in range(2)
+    ]
+    free = await asyncio.to_thread(
+        start_worker, redis.url, "asker_free", "--concurrency", "8", wait=False, **llm
+    )
+    await asyncio.gather(*(asyncio.to_thread(w.wait_ready) for w in [*capped, free]))
+
+    def graph(name: str) -> Any:
+        return parent_graph(
+            executor(redis.url, name),
             make_input=lambda x, i: {"prompt": f"question {i}"},
             result=lambda final: final["answer"],
         )
-        out, _ = await run_parent(graph, list(range(24)))
-        assert out == ["ok"] * 24
-        assert server.total == 24
-        # 16 siblings at once would put up to 16 requests on the wire; the cap is 3.
-        assert server.peak == 3, server.peak
-        client = connect(redis.url)
-        try:
-            leases = [k async for k in client.scan_iter(match="{lgb:sem:*")]
-            for key in leases:
-                assert await client.zcard(key) == 0, key  # every lease released
-        finally:
-            await client.aclose()
+
+    # One worker, no cap: it runs its 8 siblings at once and its scheduler sends their
+    # calls together, tagged with their sibling (the run's group, the sibling's index,
+    # its turn) in the request id; a batch (one call for several siblings' requests)
+    # is named after its first request, with a suffix per request.
+    (out, _), rows = await _emulator_rows(url, lambda: run_parent(graph("asker_free"), [0] * 8))
+    assert len(out) == len(rows) == 8
+    assert _peak_inflight(rows) >= 4, rows
+    ids = [re.fullmatch(r"lgb-([0-9a-f]{16})-(\d+)-t0-[0-9a-f]{8}(-\d+)?", r[0]) for r in rows]
+    assert all(ids), [r[0] for r in rows]
+    assert len({m.group(1) for m in ids if m}) == 1  # one run: one sibling group
+
+    # Two workers, 16 siblings at once, a cluster-wide cap of 3 requests in flight.
+    async with watch_ttls(redis.url) as ttls:
+        (out, _), rows = await _emulator_rows(
+            url, lambda: run_parent(graph("asker"), list(range(24)))
+        )
+    assert len(out) == len(rows) == 24
+    assert all(isinstance(answer, str) and answer for answer in out)
+    assert _peak_inflight(rows) == 3, rows  # never more, and the cap was used
+    logs = [await asyncio.to_thread(w.text) for w in capped]
+    assert all("accepted" in log for log in logs), "both workers ran siblings"
+    assert any(k.startswith("{lgb:sem:") for k in ttls.seen), ttls.seen
+    assert not ttls.without_ttl, ttls.without_ttl
+    client = connect(redis.url)
+    try:
+        leases = [k async for k in client.scan_iter(match="{lgb:sem:*")]
+        for key in leases:
+            assert await client.zcard(key) == 0, key  # every lease released
     finally:
-        await asyncio.to_thread(server.close)
+        await client.aclose()
 
 
-async def test_coalesced_tool_runs_once_across_workers(
+async def test_coalesced_tool_runs_once_per_run_across_workers(
     start_redis: Callable[..., RedisProc], start_worker: Callable[..., WorkerProc], harness: Harness
 ) -> None:
     redis = await asyncio.to_thread(start_redis)
     workers = await _workers(start_worker, 2, redis.url, "tooly", "--concurrency", "6")
     qs = ["same"] * 12 + ["other"] * 4
-    graph = parent_graph(
-        executor(redis.url, "tooly"),
-        make_input=lambda q, i: {"q": q, "messages": []},
-        result=lambda final: final["messages"][-1].content,
-    )
-    out, _ = await run_parent(graph, qs)
-    assert out == [f"result:{q}" for q in qs]
+
+    def graph() -> Any:
+        return parent_graph(
+            executor(redis.url, "tooly"),
+            make_input=lambda q, i: {"q": q, "messages": []},
+            result=lambda final: final["messages"][-1].content,
+        )
+
+    # Two runs at once on the same workers, asking the same questions: each run's
+    # calls share one execution across both workers; the runs never share.
+    async with watch_ttls(redis.url) as ttls:
+        (out_a, _), (out_b, _) = await asyncio.gather(
+            run_parent(graph(), qs), run_parent(graph(), qs)
+        )
+    assert out_a == out_b == [f"result:{q}" for q in qs]
     log = await asyncio.to_thread(harness.exec_log.read_text)
-    tool_runs = [line.split() for line in log.splitlines() if line.startswith("tool ")]
-    assert sorted(q for _, q, _ in tool_runs) == ["other", "same"], tool_runs
+    tool_runs = collections.Counter(
+        line.split()[1] for line in log.splitlines() if line.startswith("tool ")
+    )
+    assert tool_runs == {"same": 2, "other": 2}, tool_runs  # once per run, not once overall
     logs = [await asyncio.to_thread(w.text) for w in workers]
-    assert all("accepted" in log for log in logs), "both workers ran siblings of the run"
+    assert all("accepted" in log for log in logs), "both workers ran siblings of the runs"
+    # Every key (the runs', their single-flight locks and results) had a TTL while it lived.
+    assert any(":sf:" in k for k in ttls.seen), ttls.seen
+    assert not ttls.without_ttl, ttls.without_ttl
 
 
 async def test_acl_user_limited_to_lgb_keys(

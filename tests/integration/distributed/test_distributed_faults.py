@@ -120,21 +120,25 @@ async def test_sigstop_past_the_lease_then_sigcont(
         paused.signal(signal.SIGCONT)
 
     await _run_with_fault("SIGSTOP past the lease, SIGCONT", harness, redis.url, workers, fault)
-    # Back from the pause, its finished siblings are fenced off by the complete script.
+    # Back from the pause, the jobs it held belong to the other worker: the paused one
+    # either learns so at its first heartbeat (and cancels them) or, when a job finished
+    # first, has its late result rejected by the complete script's owner check.
     deadline = time.monotonic() + 5
-    while not re.search(r"rejected|no longer ours|lost job", await asyncio.to_thread(paused.text)):
+    while not (fenced := _fenced(await asyncio.to_thread(paused.text))):
         assert time.monotonic() < deadline, paused.text()[-2000:]
         await asyncio.sleep(0.05)
-    assert " accepted" not in _after_pause(await asyncio.to_thread(paused.text))
+    paused_log, other_log = await asyncio.gather(
+        asyncio.to_thread(paused.text), asyncio.to_thread(workers[1].text)
+    )
+    for job in fenced:
+        assert not re.search(rf"job {job} of run \w+: accepted", paused_log), job
+        assert re.search(rf"job {job} of run \w+: accepted", other_log), job
 
 
-def _after_pause(log: str) -> str:
-    """Lines the paused worker wrote about jobs it no longer held (none may be accepted)."""
-    lost = set(re.findall(r"lost job (\d+)", log))
-    return "\n".join(
-        line
-        for line in log.splitlines()
-        if (m := re.search(r"job (\d+) of run", line)) and m.group(1) in lost and "accepted" in line
+def _fenced(log: str) -> set[str]:
+    """Jobs a worker lost its lease on: cancelled at a heartbeat, or late results rejected."""
+    return set(re.findall(r"lost job (\d+)", log)) | set(
+        re.findall(r"job (\d+) of run \w+: rejected", log)
     )
 
 
@@ -195,6 +199,9 @@ class _Proxy:
 
         self._loop.run_until_complete(serve())
         self._loop.run_forever()
+        self._server.close()
+        for writer in list(self._writers):
+            writer.close()
         pending = asyncio.all_tasks(self._loop)
         for task in pending:
             task.cancel()
@@ -259,12 +266,21 @@ async def test_proxy_drops_then_stalls_a_workers_traffic(
 
         async def fault() -> None:
             proxy.drop_for(1.0)
-            await asyncio.sleep(1.5)
-            proxy.stall_for(2.0)
+            await asyncio.sleep(1.0)
+            # Once the proxied worker runs siblings again, stall it past the lease: the
+            # siblings finish meanwhile but cannot report, the other worker takes them
+            # over, and their late results are rejected when the traffic flows again.
+            mine = f" {workers[1].pid} start"
+            seen = (await asyncio.to_thread(harness.exec_log.read_text)).count(mine)
+            deadline = time.monotonic() + 10
+            while (await asyncio.to_thread(harness.exec_log.read_text)).count(mine) == seen:
+                assert time.monotonic() < deadline, "the proxied worker did not come back"
+                await asyncio.sleep(0.02)
+            proxy.stall_for(3.0)
 
-        xs = [{"x": i, "sleep": 0.3} for i in range(24)]
-        await _run_with_fault(
-            "proxy drops 1 s then stalls 2 s (one worker)",
+        xs = [{"x": i, "sleep": 0.6} for i in range(30)]
+        _, counts = await _run_with_fault(
+            "proxy drops 1 s then stalls 3 s (one worker)",
             harness,
             redis.url,
             workers,
@@ -272,6 +288,7 @@ async def test_proxy_drops_then_stalls_a_workers_traffic(
             xs=xs,
         )
         assert "Redis unreachable" in await asyncio.to_thread(workers[1].text)
+        assert counts.rejected_late_results >= 1, "a late result was written and rejected"
     finally:
         await asyncio.to_thread(proxy.close)
 

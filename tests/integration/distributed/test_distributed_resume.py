@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from langgraph_batch.distributed._redis import connect
-from tests.integration.distributed.conftest import REPO, Harness, RedisProc, WorkerProc, executions
+from tests.integration.distributed.conftest import (
+    REPO,
+    Harness,
+    RedisProc,
+    WorkerProc,
+    executions,
+    watch_ttls,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -58,19 +65,25 @@ async def test_a_dead_parent_reattaches_without_rerunning_siblings(
 
     first = await asyncio.to_thread(_parent, "first", db, redis.url, harness)
     deadline = time.monotonic() + 30
-    while (
-        sum(
-            1
-            for line in (await asyncio.to_thread(_lines, harness.exec_log))
-            if line.endswith("done")
-        )
-        < 3
-    ):
-        assert time.monotonic() < deadline, "the first run did not progress"
-        assert first.poll() is None, "the first parent exited early"
-        await asyncio.sleep(0.05)
-    first.send_signal(signal.SIGKILL)
-    await asyncio.to_thread(first.wait)
+    async with watch_ttls(redis.url) as ttls:
+        while (
+            sum(
+                1
+                for line in (await asyncio.to_thread(_lines, harness.exec_log))
+                if line.endswith("done")
+            )
+            < 3
+        ):
+            assert time.monotonic() < deadline, "the first run did not progress"
+            assert first.poll() is None, "the first parent exited early"
+            await asyncio.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait)
+    # Every key of the run, the thread's attach key included, has a TTL: a parent that
+    # never comes back leaves nothing behind for good.
+    assert any(re.match(r"^\{lgb:a:", k) for k in ttls.seen), ttls.seen
+    assert any(k.endswith("}:jobs") for k in ttls.seen), ttls.seen
+    assert not ttls.without_ttl, ttls.without_ttl
 
     second = await asyncio.to_thread(_parent, "resume", db, redis.url, harness)
     out, err = await asyncio.to_thread(second.communicate, timeout=60)
