@@ -125,7 +125,7 @@ def start_workers(
                     "--app-dir",
                     str(REPO),
                     "--log-level",
-                    "warning",
+                    "info",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -134,6 +134,17 @@ def start_workers(
             )
         )
     return procs
+
+
+def wait_ready(procs: list[subprocess.Popen[bytes]], tmp: Path, timeout: float = 60.0) -> None:
+    """Block until every worker logged its start line (imports done, connected)."""
+    deadline = time.monotonic() + timeout
+    for i, proc in enumerate(procs):
+        log = tmp / f"worker{i}.log"
+        while "cluster in-flight cap" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker {i} did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.05)
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -221,7 +232,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             for workers in (1, 2):
                 procs = start_workers(workers, url, llm_url, args.concurrency, tmp)
                 try:
-                    await timed(remote, [spin] * (8 * workers))  # warm-up (imports happen at start)
+                    # Measure only once every worker has imported its graph and connected
+                    # (a worker still starting would share the cores with the run).
+                    await asyncio.to_thread(wait_ready, procs, tmp)
+                    await timed(remote, [spin] * (8 * workers))  # warm-up: connections, scheduler
                     others = [redis.pid, emu_pid, os.getpid()]
                     before = cpu([p.pid for p in procs]), cpu(others)
                     run[f"workers_{workers}_s"] = await timed(remote, [spin] * args.n)
