@@ -5,7 +5,7 @@ the keys of one run share the hash tag `{lgb:<run_id>}` so its Lua scripts
 touch one slot:
 
 ```
-{lgb:<run_id>}:meta      hash    graph, total, lease_ms, max_deliveries, state, sentinel
+{lgb:<run_id>}:meta      hash    graph, total, inputs (digest), lease, deliveries, state, sentinel
 {lgb:<run_id>}:jobs      stream  one entry per sibling (job id, serialised input); group "w"
 {lgb:<run_id>}:results   hash    job id -> serialised outcome (HSETNX: the first wins)
 {lgb:<run_id>}:events    stream  started / done / dead notices, in order, for the parent

@@ -20,7 +20,8 @@ write the outcomes back. The parent is the source of truth:
 - a checkpointed parent that died re-attaches when its thread runs again:
   the run id is stored under a key derived from the graph, thread id and
   checkpoint namespace (an HMAC when `secret` is set), and finished
-  siblings are collected, not run again.
+  siblings are collected, not run again; only a run of the same inputs (a
+  digest kept in the run's metadata) is re-attached to.
 
 Jobs are executed at least once, results accepted exactly once (the first
 result wins, `HSETNX`), so a sibling may run twice after a fault but is
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -73,6 +75,13 @@ def _check_graph_path(graph: str) -> str:
     if not (isinstance(graph, str) and sep and module and attr):
         raise ValueError(f"graph must be an import path 'package.module:attribute', got {graph!r}")
     return graph
+
+
+def _digest(total: int, payloads: Mapping[int, bytes]) -> str:
+    h = hashlib.sha256(f"{total}".encode())
+    for index in sorted(payloads):
+        h.update(f"|{index}:{len(payloads[index])}|".encode() + payloads[index])
+    return h.hexdigest()[:32]
 
 
 def _error(exc: BaseException, index: int) -> RemoteEvent:
@@ -249,6 +258,8 @@ class _ParentRun:
         self.keys = RunKeys("")
         self.group = "-"
         self.payloads: dict[int, bytes] = {}
+        self.digest = ""
+        """Of the serialised inputs: a re-attach requires the same (see `_open`)."""
         self.known: set[int] = set()
         self.started: set[int] = set()
         self.opened = False
@@ -297,10 +308,16 @@ class _ParentRun:
             if raw:
                 keys = RunKeys(raw.decode())
                 meta = await self.client.hgetall(keys.meta)
-                if meta.get(b"graph", b"").decode() == self.ex.graph and meta.get(
-                    b"total", b""
-                ).decode() == str(self.total):
+                # Only a run of these very inputs is this invocation's run: another
+                # one's outcomes would silently become this one's results.
+                if (
+                    meta.get(b"graph", b"").decode() == self.ex.graph
+                    and meta.get(b"total", b"").decode() == str(self.total)
+                    and meta.get(b"inputs", b"").decode() == self.digest
+                ):
                     self.run_id, reattached = keys.run_id, True
+                else:
+                    logger.info("an earlier run of this thread had other inputs: a new run")
         if not reattached:
             self.run_id = new_run_id()
         self.keys = RunKeys(self.run_id)
@@ -312,6 +329,7 @@ class _ParentRun:
         meta = {
             "graph": self.ex.graph,
             "total": str(self.total),
+            "inputs": self.digest,
             "group": self.group,
             "lease_ms": str(int(self.ex.lease_s * 1000)),
             "max_deliveries": str(self.ex.max_deliveries),
@@ -454,6 +472,7 @@ class _ParentRun:
                 yield _error(exc, index)
         if not self.payloads:
             return
+        self.digest = _digest(self.total, self.payloads)
         if await self._retry(self._open):
             backlog = await self._retry(self._sync)
             logger.info(

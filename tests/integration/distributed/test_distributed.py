@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import pickle
 import re
@@ -169,6 +170,37 @@ async def test_a_sync_caller_runs_distributed_siblings(fresh: Cluster) -> None:
     log = await asyncio.to_thread(fresh.h.exec_log.read_text)
     pids = {int(line.split()[1]) for line in log.splitlines()}
     assert pids <= {w.pid for w in fresh.workers}, "siblings ran on the workers, not here"
+
+
+async def test_a_thread_reattaches_only_to_a_run_of_the_same_inputs(fresh: Cluster) -> None:
+    # A run of thread t is abandoned (its attach key and outcomes stay, for a resume);
+    # a later run of the same thread and node with OTHER inputs of the same count must
+    # start afresh, never collect the abandoned run's outcomes as its own.
+    from tests.integration.distributed.graphs import sleepy
+
+    ex = executor(fresh.redis.url)
+    config: Any = {"configurable": {"thread_id": "t-reattach", "checkpoint_ns": "fan:1"}}
+
+    async def collect(xs: list[int], stop_after: int | None = None) -> dict[int, Any]:
+        inputs = [(i, {"index": i, "x": x, "sleep": 0.05}) for i, x in enumerate(xs)]
+        got: dict[int, Any] = {}
+        events = ex.run(sleepy, inputs, total=len(xs), config=config)
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
+            async for event in events:
+                if event.kind == "finished":
+                    got[event.index] = event.value["y"]
+                    if stop_after is not None and len(got) >= stop_after:
+                        break  # abandoned: the run is cancelled, its outcomes kept
+        return got
+
+    assert len(await collect([0, 1, 2, 3], stop_after=2)) == 2
+    assert await collect([10, 11, 12, 13]) == {0: 20, 1: 22, 2: 24, 3: 26}
+    # The same inputs again do re-attach (a resume): nothing runs twice.
+    assert len(await collect([5, 6, 7, 8], stop_after=2)) == 2
+    before = sum((await asyncio.to_thread(executions, fresh.h.exec_log)).values())
+    assert await collect([5, 6, 7, 8]) == {0: 10, 1: 12, 2: 14, 3: 16}
+    after = sum((await asyncio.to_thread(executions, fresh.h.exec_log)).values())
+    assert after - before <= 2, "finished siblings of the abandoned run were not re-run"
 
 
 async def test_on_error_raise(fresh: Cluster) -> None:
