@@ -489,7 +489,20 @@ class _ParentRun:
         next_check = loop.time() + self.ex.poll_s
         block_ms = max(1, int(self.ex.poll_s * 1000))
         last = "0-0"
+        # No worker took any sibling within two leases: say so, once (the run waits on).
+        idle_warning_at: float | None = loop.time() + 2 * self.ex.lease_s
         while len(self.known) < len(self.payloads):
+            if idle_warning_at is not None and loop.time() >= idle_warning_at:
+                idle_warning_at = None
+                if not self.started and not self.known:
+                    logger.warning(
+                        "run %s: no worker has taken any of its %d siblings in %.0f s; is "
+                        "`langgraph-batch worker <redis url> %s` running against this Redis?",
+                        self.group,
+                        len(self.payloads),
+                        2 * self.ex.lease_s,
+                        self.ex.graph,
+                    )
             if deadline is not None and loop.time() >= deadline:
                 for index in sorted(set(self.payloads) - self.known):
                     msg = f"sibling {index} had no outcome after timeout={self.ex.timeout} s"

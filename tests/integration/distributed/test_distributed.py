@@ -35,6 +35,7 @@ from langgraph_batch.distributed._keys import (
 from langgraph_batch.distributed._redis import connect
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.distributed._serde import Serde
+from langgraph_batch.errors import RedisUnavailableError
 from tests.integration.distributed._parent import executor, parent_graph, run_parent
 from tests.integration.distributed.conftest import (
     GRAPHS,
@@ -43,6 +44,7 @@ from tests.integration.distributed.conftest import (
     WorkerProc,
     atally,
     executions,
+    free_port,
     timer,
 )
 
@@ -201,6 +203,33 @@ async def test_a_thread_reattaches_only_to_a_run_of_the_same_inputs(fresh: Clust
     assert await collect([5, 6, 7, 8]) == {0: 10, 1: 12, 2: 14, 3: 16}
     after = sum((await asyncio.to_thread(executions, fresh.h.exec_log)).values())
     assert after - before <= 2, "finished siblings of the abandoned run were not re-run"
+
+
+async def test_without_workers_the_parent_warns_then_times_out(
+    fresh: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No worker serves this graph: the parent says so after two leases, and timeout=
+    # turns every sibling into a DistributedTimeoutError (then the run's keys go).
+    ex = executor(fresh.redis.url, "asker", lease_s=0.5, ttl_s=60.0, timeout=1.5)
+    graph = parent_graph(ex, make_input=lambda x, i: {"prompt": "hi"}, result=None)
+    with timer() as t:
+        out, _ = await run_parent(graph, [0, 1, 2])
+    assert 1.5 <= t[0] < 5.0, t[0]
+    assert [e.error_type for e in out] == ["DistributedTimeoutError"] * 3
+    assert all(e.retryable for e in out)
+    assert "no worker has taken any of its 3 siblings" in caplog.text
+    assert "tests.integration.distributed.graphs:asker" in caplog.text
+    left = await _run_keys(fresh.redis.url)
+    assert not [k for k in left if re.match(r"^\{lgb:[0-9a-f]{32}\}", k)], left
+
+
+async def test_redis_unreachable_raises_a_typed_error() -> None:
+    ex = executor(f"redis://127.0.0.1:{free_port()}/0", unavailable_timeout=1.0)
+    with timer() as t, pytest.raises(RedisUnavailableError) as info:
+        await run_parent(parent_graph(ex), [0, 1])
+    assert 1.0 <= info.value.down_s < 5.0
+    assert t[0] < 6.0
+    assert "run the thread again to re-attach" in str(info.value)
 
 
 async def test_on_error_raise(fresh: Cluster) -> None:
