@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test lint type format unit integration standard chaos bench emulate clean
+.PHONY: demo test lint type format unit integration standard chaos bench emulate clean redis-server
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -23,8 +23,17 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
 
 ## Lint, type check and the whole suite (unit, standard, integration).
-test: $(VENV)/.installed lint type
+test: $(VENV)/.installed redis-server lint type
 	$(PY) -m pytest tests -q -p no:cacheprovider
+
+# The distributed-mode tests start real redis-server processes: install it when
+# missing (Debian/Ubuntu, as root or through sudo). They fail, not skip, without it.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (apt-get) for the distributed tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -q --disable-socket --allow-unix-socket
@@ -32,7 +41,7 @@ unit: $(VENV)/.installed
 standard: $(VENV)/.installed
 	$(PY) -m pytest tests/standard -q
 
-integration: $(VENV)/.installed
+integration: $(VENV)/.installed redis-server
 	$(PY) -m pytest tests/integration -q
 
 ## The chaos suite alone (also part of `make test`): prints its figures.

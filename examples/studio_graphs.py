@@ -89,3 +89,7 @@ def build_graph() -> CompiledStateGraph[Any, Any, Any, Any]:
 
 
 fan_out_demo = build_graph()
+
+answerer = build_answerer()
+"""The sibling graph alone: what `langgraph-batch worker ... examples.studio_graphs:answerer`
+runs for a distributed fan_out (deploy/compose.yml, profile `distributed`)."""

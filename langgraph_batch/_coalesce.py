@@ -16,6 +16,13 @@ through `asyncio.shield`, so a cancelled caller (the one that started it
 included) never fails the others; when the last caller is cancelled, the
 execution is cancelled too.
 
+Across processes: `set_flight_store(store)` makes every execution whose
+result is kept (`keep=True`) go through `store.run(...)` (the distributed
+worker installs a Redis single flight there, so identical calls of one run
+execute once across its workers; the store shares only within the run, even
+for a `"global"` scope); the in-process single flight still happens first.
+Calls that keep nothing (in-flight sharing only) never leave the process.
+
 `langgraph_batch.tools` builds the ToolNode and `create_agent` hooks on this.
 """
 
@@ -28,9 +35,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ("ANY_SCOPE", "Coalescer", "RateLimiter")
+__all__ = ("ANY_SCOPE", "Coalescer", "FlightStore", "RateLimiter", "set_flight_store")
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +50,49 @@ _MISS: Any = object()
 
 ANY_SCOPE: Any = object()
 """`Coalescer.waiting(key, scope=ANY_SCOPE)`: count the callers of every scope."""
+
+
+class FlightStore(Protocol):
+    """Shares one execution of a kept call beyond this process (see `set_flight_store`)."""
+
+    async def run(
+        self,
+        scope: Hashable,
+        key: Hashable,
+        fn: Callable[[], Awaitable[Any]],
+        storable: Callable[[Any], bool],
+        *,
+        ttl: float | None = None,
+    ) -> Any:
+        """Return another process's result for `(scope, key)`, or run `fn` and share it.
+
+        Only results for which `storable(result)` is true may be shared, for
+        at most `ttl` seconds when it is set.
+        """
+        ...
+
+
+_flight_store: FlightStore | None = None
+
+
+def set_flight_store(store: FlightStore | None) -> FlightStore | None:
+    """Route every kept execution of every `Coalescer` through `store` (None: stop).
+
+    Returns:
+        The store installed before.
+
+    Example:
+        ```python
+        previous = set_flight_store(RedisFlightStore(...))
+        try:
+            ...
+        finally:
+            set_flight_store(previous)
+        ```
+    """
+    global _flight_store
+    previous, _flight_store = _flight_store, store
+    return previous
 
 
 class RateLimiter:
@@ -306,9 +356,17 @@ class Coalescer(Generic[T]):
         fn: Callable[[], Awaitable[T]],
         state: _LoopState,
         storable: Callable[[T], bool],
+        keep: bool,
     ) -> T:
+        value: T
         try:
-            value = await self._limited(fn, state)
+            store = _flight_store
+            if store is not None and keep and fk[0] is not None:
+                value = await store.run(
+                    fk[0], fk[1], lambda: self._limited(fn, state), storable, ttl=self.ttl
+                )
+            else:
+                value = await self._limited(fn, state)
         finally:
             # Leave the in-flight table before the waiters wake up, so that a
             # caller arriving afterwards sees the stored result (or starts anew).
@@ -376,7 +434,7 @@ class Coalescer(Generic[T]):
             if flight is None:
                 ref: list[_Flight] = []
                 task = asyncio.get_running_loop().create_task(
-                    self._execute(fk, ref, fn, state, storable)
+                    self._execute(fk, ref, fn, state, storable, keep)
                 )
                 task.add_done_callback(_retrieve)
                 flight = _Flight(task)

@@ -1,4 +1,4 @@
-"""The `langgraph-batch` command: `demo`, `emulate`, `bench`.
+"""The `langgraph-batch` command: `demo`, `emulate`, `bench`, `worker`.
 
 Each subcommand lives in its own module and is imported only when used, so
 `langgraph-batch emulate` does not import LangGraph and `demo` does not need
@@ -17,6 +17,7 @@ commands:
   demo      run a fan-out against the built-in emulator (or --backend-url)
   emulate   serve the vLLM/SGLang emulator over HTTP
   bench     run the benchmark workloads (from a source checkout)
+  worker    run the siblings of distributed fan_outs (Redis URL, graph import path)
 
 `langgraph-batch <command> --help` shows a command's options.
 """
@@ -51,10 +52,17 @@ def _bench(argv: Sequence[str]) -> int:
     return int(main(argv))
 
 
+def _worker(argv: Sequence[str]) -> int:
+    from langgraph_batch.distributed.cli import main
+
+    return main(argv)
+
+
 _COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "bench": _bench,
     "demo": _demo,
     "emulate": _emulate,
+    "worker": _worker,
 }
 
 

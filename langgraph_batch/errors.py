@@ -19,7 +19,14 @@ LangGraphBatchError
 │  │  ├─ ContextLengthExceededError   # prompt does not fit max_model_len
 │  │  └─ ModelNotFoundError           # wrong model name / wrong URL
 │  └─ MalformedToolCallError      # tool-call arguments not JSON / not the tool's schema (retryable)
-└─ SiblingFailedError             # on_error="raise" in fan_out: carries every SiblingError
+├─ SiblingFailedError             # on_error="raise" in fan_out: carries every SiblingError
+└─ DistributedError               # distributed fan_out (langgraph_batch.distributed, Redis)
+   ├─ RedisUnavailableError       # Redis unreachable for longer than allowed (retryable)
+   ├─ DistributedTimeoutError     # RedisExecutor(timeout=...) ran out (retryable)
+   ├─ PayloadTooLargeError        # a job input or result over max_payload_bytes
+   ├─ PayloadRejectedError        # a payload the strict serializer refuses (pickle, unlisted types)
+   ├─ InputValidationError        # a job input that does not fit the sibling graph's input
+   └─ DeadLetteredError           # a job whose worker died max_deliveries times
 ```
 
 Backend errors also subclass langchain-core's standard model errors
@@ -60,10 +67,17 @@ __all__ = (
     "BackendTimeoutError",
     "BatchTimeoutError",
     "ContextLengthExceededError",
+    "DeadLetteredError",
+    "DistributedError",
+    "DistributedTimeoutError",
+    "InputValidationError",
     "LangGraphBatchError",
     "MalformedToolCallError",
     "ModelNotFoundError",
+    "PayloadRejectedError",
+    "PayloadTooLargeError",
     "PoolTimeoutError",
+    "RedisUnavailableError",
     "SchedulerClosedError",
     "SchedulerDeadError",
     "SchedulerError",
@@ -364,3 +378,95 @@ class SiblingFailedError(LangGraphBatchError):
         super().__init__(message)
         self.errors = list(errors)
         self.results = list(results)
+
+
+class DistributedError(LangGraphBatchError):
+    """Distributed fan_out (`langgraph_batch.distributed`) could not run or finish a job."""
+
+
+class RedisUnavailableError(DistributedError):
+    """Redis could not be reached for longer than `unavailable_timeout`.
+
+    The run's keys stay in Redis until their TTL: running the same thread
+    again (with a checkpointer) re-attaches to the run and collects what the
+    workers finished meanwhile.
+
+    Attributes:
+        down_s: how long Redis has been unreachable, in seconds.
+    """
+
+    is_retryable = True
+
+    def __init__(self, message: str, *, down_s: float) -> None:
+        super().__init__(message)
+        self.down_s = down_s
+
+
+class DistributedTimeoutError(DistributedError):
+    """A sibling had no result when `RedisExecutor(timeout=...)` ran out.
+
+    Attributes:
+        timeout_s: the executor's timeout, in seconds.
+    """
+
+    is_retryable = True
+
+    def __init__(self, message: str, *, timeout_s: float) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+
+
+class PayloadTooLargeError(DistributedError):
+    """A job's input or a sibling's result is larger than `max_payload_bytes`.
+
+    Attributes:
+        size: the encoded size, in bytes.
+        limit: the configured limit, in bytes.
+        what: `"input"`, `"result"` or `"tool result"`.
+    """
+
+    def __init__(self, message: str, *, size: int, limit: int, what: str) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+        self.what = what
+
+
+class PayloadRejectedError(DistributedError):
+    """The strict serializer refused a payload (an unknown format, or types not allowed).
+
+    Payloads are LangGraph's msgpack in strict mode: pickle and JSON
+    constructors are never accepted, and only types from the sibling graph's
+    state schemas (plus `allowed_types`) are rebuilt.
+
+    Attributes:
+        blocked: the `module.name` of every type the payload named that is not allowed.
+    """
+
+    def __init__(self, message: str, *, blocked: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.blocked = tuple(blocked)
+
+
+class InputValidationError(DistributedError):
+    """A job's input does not fit the sibling graph's input schema (checked on the worker).
+
+    Attributes:
+        problems: one line per problem found.
+    """
+
+    def __init__(self, message: str, *, problems: Sequence[str]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+class DeadLetteredError(DistributedError):
+    """A job was given up: every worker that took it died before finishing it.
+
+    Attributes:
+        deliveries: how many times the job was handed to a worker.
+    """
+
+    def __init__(self, message: str, *, deliveries: int) -> None:
+        super().__init__(message)
+        self.deliveries = deliveries

@@ -20,6 +20,7 @@ def validate_fan_out(
     name: Any,
     sibling_tokens: Any,
     kv_headroom: Any,
+    executor: Any = None,
 ) -> None:
     """Refuse bad `fan_out` arguments at construction, naming the bad value."""
     if not callable(getattr(subgraph, "ainvoke", None)):
@@ -64,6 +65,11 @@ def validate_fan_out(
         or not 0.0 < kv_headroom <= 1.0
     ):
         raise ValueError(f"kv_headroom must be a number in (0, 1], got {kv_headroom!r}")
+    if executor is not None and not callable(getattr(executor, "run", None)):
+        raise TypeError(
+            f"executor must follow the SiblingExecutor protocol (a run() method), "
+            f"got {type(executor).__name__}"
+        )
 
 
 def _positive_int(value: Any) -> bool:

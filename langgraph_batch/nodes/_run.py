@@ -182,8 +182,10 @@ def report_sizer(task: asyncio.Task[None]) -> None:
 async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanOutRun:
     """Read the items, build the gate, announce the run (in the event loop it will use)."""
     items = spec.resolve_items(state)
-    scheduler = spec.resolve_scheduler()
-    admission = await spec.make_admission(scheduler)
+    remote = spec.executor is not None
+    # Remote siblings are admitted by their workers: the parent's gate stays open.
+    scheduler = None if remote else spec.resolve_scheduler()
+    admission = SiblingAdmission() if remote else await spec.make_admission(scheduler)
     label = spec.name
     if not spec.named:
         label = str((config.get("metadata") or {}).get("langgraph_node") or label)
@@ -198,7 +200,7 @@ async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanO
         writer=stream_writer(),
         run_done=asyncio.Event(),
     )
-    if scheduler is None and spec.max_active is None and items:
+    if not remote and scheduler is None and spec.max_active is None and items:
         # No scheduler named: the siblings' models create one on their first
         # call. Let one sibling in, find that scheduler, then size the gate.
         admission.start_sizing()

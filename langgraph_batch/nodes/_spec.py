@@ -76,6 +76,11 @@ class FanOutSpec:
     scheduler: Any
     sibling_tokens: int
     kv_headroom: float = DEFAULT_KV_HEADROOM
+    executor: Any = None
+    """Runs the siblings elsewhere (`fan_out(executor=...)`, a `SiblingExecutor`);
+    None: in this process."""
+    subgraph: Any = None
+    """The sibling graph, handed to `executor` (None in-process: the inner graph has it)."""
 
     def resolve_items(self, state: Any) -> list[Any]:
         if callable(self.items):

@@ -77,6 +77,7 @@ from langgraph_batch._loop import background_loop
 from langgraph_batch.errors import SiblingFailedError
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM
 from langgraph_batch.nodes._checks import validate_fan_out
+from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
 from langgraph_batch.nodes._run import (
     RUN_KEY,
     FanOutRun,
@@ -209,6 +210,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         name: str | None = None,
         sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
         kv_headroom: float = DEFAULT_KV_HEADROOM,
+        executor: SiblingExecutor | None = None,
     ) -> None:
         validate_fan_out(
             subgraph=subgraph,
@@ -222,6 +224,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             name=name,
             sibling_tokens=sibling_tokens,
             kv_headroom=kv_headroom,
+            executor=executor,
         )
         node_name = name or f"fan_out[{getattr(subgraph, 'name', None) or 'subgraph'}]"
         self.subgraph = subgraph
@@ -237,6 +240,8 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             scheduler=scheduler,
             sibling_tokens=sibling_tokens,
             kv_headroom=kv_headroom,
+            executor=executor,
+            subgraph=subgraph if executor is not None else None,
         )
         self.graph = _build_inner(self.spec, subgraph)
         sync_runner, async_runner = _build_runner(self.spec, self.graph)
@@ -266,7 +271,10 @@ def _build_runner(
         if not run.total:
             return close_empty(spec, run)
         try:
-            out = await inner.ainvoke({"items": run.items}, child_config(run, config))
+            if spec.executor is not None:
+                out = await _run_remote(spec, run, config)
+            else:
+                out = await inner.ainvoke({"items": run.items}, child_config(run, config))
         finally:
             close_run(run)
         return _results(spec, run, out)
@@ -284,6 +292,9 @@ def _build_runner(
             return close_empty(spec, run)
         child = child_config(run, config)
         try:
+            if spec.executor is not None:
+                out = loop.run(_run_remote(spec, run, config))
+                return _results(spec, run, out)
             try:
                 out = loop.run(inner.ainvoke({"items": run.items}, child))
             except NotImplementedError:
@@ -299,6 +310,23 @@ def _build_runner(
         return _results(spec, run, out)
 
     return run_fan_out_sync, run_fan_out
+
+
+async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) -> dict[str, Any]:
+    """The siblings on `spec.executor` (see `_remote`): same records as the inner graph's."""
+    records = await run_remote(
+        spec.executor,
+        spec.subgraph,
+        run.items,
+        run,
+        config,
+        make_input=spec.make_input or _default_input,
+        result=spec.result,
+        error_record=lambda exc, i, item: SiblingError.from_exception(
+            exc, index=i, item=item
+        ).to_dict(),
+    )
+    return {"results": records}
 
 
 def _results(spec: FanOutSpec, run: FanOutRun, out: Mapping[str, Any]) -> dict[str, Any]:
@@ -487,6 +515,7 @@ def fan_out(
     name: str | None = None,
     sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
     kv_headroom: float = DEFAULT_KV_HEADROOM,
+    executor: SiblingExecutor | None = None,
 ) -> FanOutNode:
     """A node that runs `subgraph` once per item, concurrently, and collects the results.
 
@@ -525,6 +554,11 @@ def fan_out(
         sibling_tokens: estimated KV tokens of one sibling's context, used
             until finished siblings teach the gate a measured one.
         kv_headroom: share of the KV capacity the resident siblings may fill.
+        executor: run the siblings elsewhere (None: in this process), e.g.
+            `langgraph_batch.distributed.RedisExecutor` on `langgraph-batch
+            worker` processes. `make_input`, `result`, input order, `on_error`
+            and progress events are as in-process; `max_active`, `scheduler`
+            and the KV options are the workers' (`--concurrency`).
 
     Returns:
         A `FanOutNode` to add with `builder.add_node("name", node)`.
@@ -535,6 +569,7 @@ def fan_out(
             callable, or `scheduler` is not a Scheduler or a name.
         ValueError: for a bad `into`, `on_error`, `max_active`, `name`,
             `sibling_tokens` or `kv_headroom`.
+        TypeError: for an `executor` without a `run` method.
 
     At run time, items that are not a list or tuple (a set has no input
     order; a generator or a mapping is not a sequence) raise `TypeError`.
@@ -568,4 +603,5 @@ def fan_out(
         name=name,
         sibling_tokens=sibling_tokens,
         kv_headroom=kv_headroom,
+        executor=executor,
     )

@@ -9,6 +9,10 @@ Studio and the LangGraph SDK pass JSON-only configuration, so a chat model
 may name its scheduler (`scheduler="main"`); `register_scheduler` makes a
 name known, either for one `Scheduler` instance or as a recipe
 (`backend_factory` + `policy`) that builds one per event loop.
+
+`set_backend_wrapper(fn)` wraps every backend the registry's schedulers are
+built on (the distributed worker puts its cluster-wide in-flight cap there,
+without the scheduler knowing).
 """
 
 from __future__ import annotations
@@ -24,15 +28,18 @@ from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._runner import Scheduler, SchedulerState
 
 __all__ = (
+    "BackendWrapper",
     "get_scheduler",
     "known_schedulers",
     "loop_schedulers",
     "register_scheduler",
     "scheduler_for",
+    "set_backend_wrapper",
     "unregister_scheduler",
 )
 
 BackendFactory = Callable[[], Backend]
+BackendWrapper = Callable[[Backend], Backend]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +60,27 @@ _names_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, s
 # Process-wide names: explicit instances and recipes.
 _instances: dict[str, Scheduler] = {}
 _recipes: dict[str, _Recipe] = {}
+_backend_wrapper: BackendWrapper | None = None
+
+
+def set_backend_wrapper(wrapper: BackendWrapper | None) -> BackendWrapper | None:
+    """Wrap the backend of every scheduler the registry creates from now on (None: stop).
+
+    Schedulers created before keep their backend; explicit `Scheduler`
+    instances are not affected.
+
+    Returns:
+        The wrapper installed before.
+
+    Example:
+        ```python
+        previous = set_backend_wrapper(lambda backend: MyLimitedBackend(backend))
+        ```
+    """
+    global _backend_wrapper
+    with _lock:
+        previous, _backend_wrapper = _backend_wrapper, wrapper
+    return previous
 
 
 def _usable(s: Scheduler, loop: asyncio.AbstractEventLoop) -> bool:
@@ -125,7 +153,10 @@ def scheduler_for(
             per_loop = _by_loop[loop] = {}
         s = per_loop.get(key)
         if s is None or not _usable(s, loop):
-            s = Scheduler(backend_factory(), policy=policy, name=name or key, owns_backend=True)
+            backend = backend_factory()
+            if _backend_wrapper is not None:
+                backend = _backend_wrapper(backend)
+            s = Scheduler(backend, policy=policy, name=name or key, owns_backend=True)
             per_loop[key] = s
         if name is not None:
             _names_by_loop.setdefault(loop, {})[name] = key

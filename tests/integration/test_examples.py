@@ -134,6 +134,24 @@ def test_compose_file_is_valid_and_complete() -> None:
     for path in re.findall(r"^COPY (\S+)", dockerfile.read_text(), flags=re.M):
         assert (REPO / path).exists(), f"{dockerfile.name} copies missing {path}"
 
+    redis, worker = services["redis"], services["worker"]
+    assert redis["image"].startswith("redis:")
+    assert "ping" in redis["healthcheck"]["test"]
+    assert worker["command"][:3] == ["langgraph-batch", "worker", "redis://redis:6379/0"]
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert worker["environment"]["LGB_BACKEND_URL"] == "vllm://vllm:8000"
+    assert worker["environment"]["LGB_API_KEY"] == "${VLLM_API_KEY:-}"  # vLLM may need the key
+    # The default graph is a sibling graph the worker can load (not the parent graph).
+    default = re.fullmatch(r"\$\{WORKER_GRAPH:-(.+)\}", worker["command"][3])
+    assert default is not None, worker["command"]
+    from langgraph_batch.distributed.worker import load_graph
+
+    sibling = load_graph(default.group(1), app_dir=str(REPO))
+    assert sibling.name == "answerer"
+    assert "ports" not in worker  # workers bind nothing
+    assert redis["profiles"] == worker["profiles"] == ["distributed"]
+    assert ",redis]" in (REPO / worker["build"]["dockerfile"]).read_text()  # the extra
+
     for name, service in services.items():
         for script in re.findall(r"examples/\w+\.py", " ".join(service.get("command") or [])):
             assert (REPO / script).is_file(), f"service {name} runs missing {script}"

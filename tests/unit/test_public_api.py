@@ -82,3 +82,37 @@ def test_subpackages_export_their_pieces() -> None:
     assert {"Scheduler", "BatchPolicy", "SchedulerStats", "SchedulerState"} <= set(
         scheduler.__all__
     )
+
+
+EXPECTED_DISTRIBUTED = {
+    "ACL_RULES",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "ClusterLimitedBackend",
+    "DeadLetteredError",
+    "DistributedError",
+    "DistributedTimeoutError",
+    "InputValidationError",
+    "PayloadRejectedError",
+    "PayloadTooLargeError",
+    "RedisExecutor",
+    "RedisFlightStore",
+    "RedisSemaphore",
+    "RedisUnavailableError",
+    "RemoteEvent",
+    "SiblingExecutor",
+    "Worker",
+    "load_graph",
+}
+
+
+def test_distributed_surface_and_errors() -> None:
+    from langgraph_batch import distributed, errors
+
+    assert set(distributed.__all__) == EXPECTED_DISTRIBUTED
+    for name in distributed.__all__:
+        obj = getattr(distributed, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, errors.DistributedError), name
+            assert name in errors.__all__, name
+            if obj.is_retryable:
+                assert not issubclass(obj, (TimeoutError, OSError, RuntimeError, ValueError))
