@@ -417,6 +417,9 @@ def _metadata_of(response: ChatResponse) -> dict[str, Any]:
         request_id=response.request_id,
         response_id=response.id,
     )
+    if response.queue_wait_s is not None:
+        # The scheduler's queue wait travels with the run (on_chat_model_end, LangSmith).
+        meta["queue_wait_s"] = round(response.queue_wait_s, 6)
     if response.usage is not None and response.usage.estimated:
         # A batched call's usage is reported per call: this is the request's share.
         meta["usage_estimated"] = True

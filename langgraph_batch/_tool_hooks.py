@@ -18,6 +18,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
+from langgraph_batch import _tracing
 from langgraph_batch._context import current_sibling
 from langgraph_batch._tool_policy import ToolResult, coalesce_policy
 from langgraph_batch._tool_stats import STATS
@@ -116,9 +117,19 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
             "tool %s: caller_key raised %s; call not coalesced", name, type(exc).__name__
         )
         return await run_own()
+
+    async def run_traced() -> ToolResult:
+        # One span per shared execution, with the identical calls that waited on it.
+        with _tracing.tool_span(name, request.tool_call.get("id")) as span:
+            result = await run_own()
+            if span is not None and span.is_recording():
+                followers = policy.coalescer.waiting(key, scope=scope) - 1
+                span.set_attribute("lgb.coalesce.followers", max(0, followers))
+            return result
+
     result = await policy.coalescer.run(
         key,
-        run_own,
+        run_traced if _tracing.ENABLED and _tracing.recording() else run_own,
         scope=scope,
         keep=policy.keeps_results,
         shareable=_shareable,

@@ -587,6 +587,7 @@ class BatchedChatModel(BaseChatModel):
             "model_name": response.model,
             "id": response.id,
             "request_id": response.request_id,
+            "queue_wait_s": response.queue_wait_s,
         }
         if message.usage_metadata:
             llm_output["token_usage"] = dict(message.usage_metadata)

@@ -137,6 +137,9 @@ class ChatResponse:
     usage: Usage | None = None
     request_id: str = ""
     """The request id we sent."""
+    queue_wait_s: float | None = None
+    """Seconds the request waited in the scheduler for a slot (all attempts); set by
+    the scheduler, None from a backend called directly."""
 
 
 @dataclass(**_DC_KWARGS)

@@ -54,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--socket-timeout", type=float, default=5.0, help="Redis command timeout, s")
     p.add_argument("--app-dir", default=".", help="prepended to sys.path before the import (.)")
     p.add_argument("--log-level", default="info", help="debug, info, warning (info)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (extra `metrics`; off by default)",
+    )
+    p.add_argument(
+        "--metrics-addr", default="127.0.0.1", help="address the metrics endpoint binds (127.0.0.1)"
+    )
     return p
 
 
@@ -74,6 +83,14 @@ async def _serve(worker: Worker) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await worker.run(stop)
+
+
+def _serve_metrics(port: int, addr: str) -> None:
+    """`--metrics-port`: the worker's schedulers and siblings on a Prometheus endpoint."""
+    from langgraph_batch import metrics
+
+    server, _ = metrics.serve(port, addr=addr)
+    logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", addr, server.server_port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             socket_timeout=args.socket_timeout,
             app_dir=args.app_dir,
         )
-    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        if args.metrics_port is not None:
+            _serve_metrics(args.metrics_port, args.metrics_addr)
+    except (ValueError, TypeError, ImportError, AttributeError, OSError) as exc:
         logging.getLogger(__name__).error("cannot start the worker: %s", exc)
         return 2
     asyncio.run(_serve(worker))

@@ -268,16 +268,19 @@ def _build_runner(
 
     async def run_fan_out(state: Any, config: RunnableConfig) -> dict[str, Any]:
         run = await open_run(spec, state, config)
-        if not run.total:
-            return close_empty(spec, run)
         try:
-            if spec.executor is not None:
-                out = await _run_remote(spec, run, config)
-            else:
-                out = await inner.ainvoke({"items": run.items}, child_config(run, config))
+            if not run.total:
+                return close_empty(spec, run)
+            try:
+                if spec.executor is not None:
+                    out = await _run_remote(spec, run, config)
+                else:
+                    out = await inner.ainvoke({"items": run.items}, child_config(run, config))
+            finally:
+                close_run(run)
+            return _results(spec, run, out)
         finally:
-            close_run(run)
-        return _results(spec, run, out)
+            await run.flush_events()
 
     def run_fan_out_sync(state: Any, config: RunnableConfig) -> dict[str, Any]:
         # Sync graphs (`graph.invoke`) run nodes in threads. The run's gate and
@@ -288,26 +291,31 @@ def _build_runner(
         # here, with `invoke`, one thread per running sibling.
         loop = background_loop()
         run = loop.run(open_run(spec, state, config))
-        if not run.total:
-            return close_empty(spec, run)
-        child = child_config(run, config)
         try:
-            if spec.executor is not None:
-                out = loop.run(_run_remote(spec, run, config))
-                return _results(spec, run, out)
+            if not run.total:
+                return close_empty(spec, run)
+            child = child_config(run, config)
             try:
-                out = loop.run(inner.ainvoke({"items": run.items}, child))
-            except NotImplementedError:
-                # Raised by the checkpointer before any sibling started (the
-                # inner graph reads its checkpoint first): nothing ran yet.
-                if run.started:
-                    raise
-                logger.debug("fan_out %s: sync-only checkpointer, threads run siblings", run.node)
-                run.threads = True
-                out = inner.invoke({"items": run.items}, thread_config(run, child))
+                if spec.executor is not None:
+                    out = loop.run(_run_remote(spec, run, config))
+                    return _results(spec, run, out)
+                try:
+                    out = loop.run(inner.ainvoke({"items": run.items}, child))
+                except NotImplementedError:
+                    # Raised by the checkpointer before any sibling started (the
+                    # inner graph reads its checkpoint first): nothing ran yet.
+                    if run.started:
+                        raise
+                    logger.debug(
+                        "fan_out %s: sync-only checkpointer, threads run siblings", run.node
+                    )
+                    run.threads = True
+                    out = inner.invoke({"items": run.items}, thread_config(run, child))
+            finally:
+                close_run(run, loop=loop)
+            return _results(spec, run, out)
         finally:
-            close_run(run, loop=loop)
-        return _results(spec, run, out)
+            loop.run(run.flush_events())
 
     return run_fan_out_sync, run_fan_out
 

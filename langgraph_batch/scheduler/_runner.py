@@ -37,11 +37,13 @@ import itertools
 import logging
 import random
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
+from langgraph_batch import _tracing
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch.backends.base import (
     Backend,
@@ -73,12 +75,18 @@ from langgraph_batch.scheduler._prefix import prefix_key
 from langgraph_batch.scheduler._retry import backoff, log_failure, log_retry, retryable
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
-__all__ = ("Scheduler", "SchedulerState")
+__all__ = ("Scheduler", "SchedulerState", "live_schedulers")
 
 logger = logging.getLogger(__name__)
 
 _CLEANUP_TIMEOUT_S = 5.0
 _names = itertools.count(1)
+_LIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+
+
+def live_schedulers() -> list[Scheduler]:
+    """Every Scheduler of the process not yet garbage-collected, in any loop or thread."""
+    return list(_LIVE)
 
 
 class SchedulerState(enum.Enum):
@@ -163,7 +171,9 @@ class Scheduler:
             has_metrics=caps.metrics,
             warming=self._warming,
         )
-        self._stats = StatsRecorder(window=self._policy.stats_window)
+        self._stats = StatsRecorder(window=self._policy.stats_window, name=self.name)
+        self._provider = _tracing.provider_of(backend)
+        _LIVE.add(self)
         self._state = SchedulerState.UNOPENED
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -216,6 +226,15 @@ class Scheduler:
             ```
         """
         return {str(k): v for k, v in self._core.inflight_by_sibling().items()}
+
+    def load(self) -> tuple[int, int, int, int | None]:
+        """`(queued, in_flight, limit, decode_cap)` now: cheap, safe from any thread.
+
+        What `langgraph_batch.metrics` reads at each scrape (`stats()` has
+        these and the history).
+        """
+        core = self._core
+        return core.queued, core.in_flight, core.limit, core.decode_limit
 
     def stats(self) -> SchedulerStats:
         """A snapshot of load and history.
@@ -453,6 +472,35 @@ class Scheduler:
             )
         if self._priority_to_engine and request.priority == 0:
             item.payload = request = replace(request, priority=self._engine_priority(item))
+        if not _tracing.ENABLED or not _tracing.recording():
+            return await self._run_item(
+                loop, item, request, timeout, max_retries, on_chunk, sibling, check
+            )
+        t0 = time.monotonic()
+        with _tracing.call_span(self.name, self._provider, request, sibling) as span:
+            try:
+                resp = await self._run_item(
+                    loop, item, request, timeout, max_retries, on_chunk, sibling, check
+                )
+            except BaseException as exc:
+                if span is not None:
+                    span.failed(exc)
+                raise
+            if span is not None:
+                span.ok(resp, time.monotonic() - t0 - item.queued_s)
+            return resp
+
+    async def _run_item(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        item: PolicyItem,
+        request: ChatRequest,
+        timeout: float | None,  # noqa: ASYNC109 - submit's contract
+        max_retries: int,
+        on_chunk: Callable[[ChatChunk], None] | None,
+        sibling: SiblingInfo | None,
+        check: Callable[[ChatResponse], None] | None,
+    ) -> ChatResponse:
         try:
             if timeout is None:
                 return await self._execute(
@@ -468,7 +516,6 @@ class Scheduler:
                 if not cm.expired():
                     raise
                 self._stats.timed_out += 1
-                self._stats.failed += 1
                 err = BatchTimeoutError(
                     f"request {request.request_id or '<no id>'} did not finish within "
                     f"{timeout} s ({item.queued_s:.3f} s of it waiting for a slot). Raise "
@@ -477,6 +524,7 @@ class Scheduler:
                     queued_s=item.queued_s,
                     request_id=request.request_id or None,
                 )
+                self._stats.record_failure(err)
                 log_failure(self.name, request.request_id, sibling, err, attempt=0)
                 raise err from exc
         except asyncio.CancelledError:
@@ -542,7 +590,7 @@ class Scheduler:
                 if self._state is not SchedulerState.OPENED or not retryable(
                     exc, attempt=attempt, max_retries=max_retries, delivered=delivered
                 ):
-                    self._stats.failed += 1
+                    self._stats.record_failure(exc)
                     log_failure(
                         self.name,
                         request.request_id,
@@ -553,7 +601,7 @@ class Scheduler:
                     )
                     raise
                 attempt += 1
-                self._stats.retries += 1
+                self._stats.record_retry(exc)
                 delay = backoff(self._policy, self._rng, attempt, exc)
                 log_retry(
                     self.name,
@@ -566,13 +614,14 @@ class Scheduler:
                 )
                 await asyncio.sleep(delay)
                 if self._state is not SchedulerState.OPENED:
-                    self._stats.failed += 1
-                    raise self._refusal() from exc
+                    refusal = self._refusal()
+                    self._stats.record_failure(refusal)
+                    raise refusal from exc
                 continue
             self._stats.record_success(
                 queue_wait=item.queued_s, latency=clock() - t0, usage=resp.usage
             )
-            return resp
+            return replace(resp, queue_wait_s=item.queued_s)
 
     async def _call(
         self,
@@ -580,6 +629,7 @@ class Scheduler:
         request: ChatRequest,
         cb: Callable[[ChatChunk], None] | None,
     ) -> ChatResponse:
+        self._stats.record_dispatch()
         try:
             if item.leading:
                 resp = await self._call_leader(item, request, cb)
@@ -724,6 +774,8 @@ class Scheduler:
 
     async def _run_batch(self, batch: list[PolicyItem]) -> None:
         requests = [item.payload for item in batch]
+        for _ in batch:
+            self._stats.record_dispatch()
         try:
             # One outcome per member: a bad member fails only its own caller.
             results = await self._backend.complete_batch_settled(requests)

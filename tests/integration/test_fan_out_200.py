@@ -82,8 +82,15 @@ class Probe:
 
 
 def build(
-    url: str, probe_box: list[Probe], *, max_inflight: int = 64, fail_key: str | None = None
+    url: str,
+    probe_box: list[Probe],
+    *,
+    max_inflight: int = 64,
+    fail_key: str | None = None,
+    create_agent: bool = False,
 ) -> tuple[Any, BatchedChatModel]:
+    """A ReAct agent with one coalesced tool (`create_agent=True`: langchain's
+    `create_agent` with the coalescing middleware, else the prebuilt one)."""
     from langgraph.prebuilt import create_react_agent
 
     llm = BatchedChatModel(
@@ -110,6 +117,12 @@ def build(
             raise LookupError(f"no entry for {key}")
         return f"value-of-{key}"
 
+    if create_agent:
+        from langchain.agents import create_agent as make_agent
+
+        from langgraph_batch import BatchMiddleware
+
+        return make_agent(llm, [coalesce(lookup)], middleware=[BatchMiddleware()]), llm
     agent = create_react_agent(llm, tools=BatchToolNode([coalesce(lookup)]))
     return agent, llm
 

@@ -47,6 +47,13 @@ DEMO = "from langgraph_batch.cli import main; raise SystemExit(main(['demo', '--
         pytest.param("uvicorn", EMULATE, "emulator", "uvicorn", id="emulate-no-uvicorn"),
         pytest.param("uvicorn", SERVE, "emulator", "uvicorn", id="serve-no-uvicorn"),
         pytest.param("starlette", DEMO, "demo", "--backend-url", id="demo-no-emulator"),
+        pytest.param(
+            "prometheus_client",
+            "import langgraph_batch.metrics",
+            "metrics",
+            "prometheus_client",
+            id="metrics-no-prometheus-client",
+        ),
     ],
 )
 def test_missing_extra_is_named(blocked: str, code: str, extra: str, names: str) -> None:

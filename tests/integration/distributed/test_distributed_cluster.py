@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import re
+import socket
 import subprocess
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,26 @@ async def _workers(
     return workers
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _scrape_completed(port: int) -> float:
+    """`lgb_scheduler_completed_total`, summed over the worker's schedulers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "lgb_scheduler_completed_total"
+    )
+
+
 async def test_workers_batch_and_the_cluster_cap_holds(
     start_redis: Callable[..., RedisProc],
     start_worker: Callable[..., WorkerProc],
@@ -90,8 +112,17 @@ async def test_workers_batch_and_the_cluster_cap_holds(
         )
         for _ in range(2)
     ]
+    metrics_port = _free_port()
     free = await asyncio.to_thread(
-        start_worker, redis.url, "asker_free", "--concurrency", "8", wait=False, **llm
+        start_worker,
+        redis.url,
+        "asker_free",
+        "--concurrency",
+        "8",
+        "--metrics-port",
+        str(metrics_port),
+        wait=False,
+        **llm,
     )
     await asyncio.gather(*(asyncio.to_thread(w.wait_ready) for w in [*capped, free]))
 
@@ -112,6 +143,11 @@ async def test_workers_batch_and_the_cluster_cap_holds(
     ids = [re.fullmatch(r"lgb-([0-9a-f]{16})-(\d+)-t0-[0-9a-f]{8}(-\d+)?", r[0]) for r in rows]
     assert all(ids), [r[0] for r in rows]
     assert len({m.group(1) for m in ids if m}) == 1  # one run: one sibling group
+    # --metrics-port: the worker's scheduler on its own Prometheus endpoint (loopback).
+    log = await asyncio.to_thread(free.text)
+    assert f"metrics on http://127.0.0.1:{metrics_port}/metrics" in log
+    scraped = await asyncio.to_thread(_scrape_completed, metrics_port)
+    assert scraped == 8, scraped
 
     # Two workers, 16 siblings at once, a cluster-wide cap of 3 requests in flight.
     async with watch_ttls(redis.url) as ttls:
