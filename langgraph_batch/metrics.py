@@ -28,7 +28,8 @@ endpoint of its own (loopback by default) for a worker or a script.
 The `scheduler` label is the scheduler's name: a registered name, or the
 backend's key (its URL without user info, and a digest of the credentials,
 never a secret). Gauges and the tool counters are read at scrape time (free
-until scraped); the rest are observed as events happen (a few microseconds
+until scraped) from the open schedulers, summed when one server has schedulers
+in several event loops; the rest are observed as events happen (a few microseconds
 per call, nothing when metrics are not enabled).
 
 Example:
@@ -51,7 +52,7 @@ from typing import Any
 from langgraph_batch import _observe
 from langgraph_batch._extras import missing_extra
 from langgraph_batch._tool_stats import STATS as _TOOL_STATS
-from langgraph_batch.scheduler._runner import live_schedulers
+from langgraph_batch.scheduler._runner import Scheduler, SchedulerState, live_schedulers
 
 try:
     import prometheus_client as _prom
@@ -164,6 +165,14 @@ class _Sink:
             counter.labels(node).inc()
 
 
+def _serving(scheduler: Scheduler) -> bool:
+    """Open, in an event loop that still runs (a finished `asyncio.run` leaves some behind)."""
+    if scheduler.state is not SchedulerState.OPENED:
+        return False
+    loop = scheduler.loop
+    return loop is None or not loop.is_closed()
+
+
 class _ScrapeCollector(Collector):
     """What is read at scrape time: scheduler gauges and the tool counters."""
 
@@ -182,18 +191,26 @@ class _ScrapeCollector(Collector):
             "Agent requests the learned decode cap lets decode at once.",
             labels=["scheduler"],
         )
-        seen: set[str] = set()
+        totals: dict[str, list[int]] = {}
+        caps: dict[str, int] = {}
         for scheduler in live_schedulers():
-            name = _label(scheduler.name)
-            if name in seen:  # one series per name (a name reused in another loop)
+            if not _serving(scheduler):
                 continue
-            seen.add(name)
+            # Schedulers of one server in several event loops share a name: summed.
+            name = _label(scheduler.name)
             q, f, lim, dcap = scheduler.load()
+            row = totals.setdefault(name, [0, 0, 0])
+            row[0] += q
+            row[1] += f
+            row[2] += lim
+            if dcap is not None:
+                caps[name] = caps.get(name, 0) + dcap
+        for name, (q, f, lim) in totals.items():
             queued.add_metric([name], q)
             in_flight.add_metric([name], f)
             limit.add_metric([name], lim)
-            if dcap is not None:
-                cap.add_metric([name], dcap)
+        for name, dcap in caps.items():
+            cap.add_metric([name], dcap)
         yield from (queued, in_flight, limit, cap)
         requested = CounterMetricFamily(
             "lgb_tool_calls_requested", "Tool calls the models asked for.", labels=["tool"]

@@ -8,6 +8,7 @@ tests/integration/test_observability.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -229,3 +230,23 @@ async def test_spans_only_once_a_tracer_provider_is_configured(
     assert attrs["gen_ai.response.id"] == "chatcmpl-r"
     assert attrs["lgb.scheduler"] == s.name
     assert not _tracing.recording()
+
+
+async def test_gauges_skip_closed_schedulers_and_sum_a_shared_name(
+    registry: CollectorRegistry,
+) -> None:
+    # A closed scheduler of the same name (an earlier asyncio.run) must not hide the live one.
+    async with Scheduler(InstantBackend(), policy=BatchPolicy(max_inflight=5), name="dup"):
+        pass
+    backend = GatedBackend()
+    async with (
+        Scheduler(backend, policy=BatchPolicy(max_inflight=3), name="dup") as a,
+        Scheduler(InstantBackend(), policy=BatchPolicy(max_inflight=4), name="dup"),
+    ):
+        call = asyncio.ensure_future(a.submit(request("held")))
+        await backend.wait_running(1)
+        assert _value(registry, "lgb_scheduler_in_flight", scheduler="dup") == 1
+        assert _value(registry, "lgb_scheduler_inflight_limit", scheduler="dup") == 7
+        backend.gate.set()
+        await call
+    assert registry.get_sample_value("lgb_scheduler_in_flight", {"scheduler": "dup"}) is None
