@@ -36,6 +36,7 @@ from langgraph_batch.backends.base import ToolCall as WireToolCall
 from langgraph_batch.errors import MalformedToolCallError
 
 __all__ = (
+    "chunk_generation_info",
     "chunk_to_message_chunk",
     "final_chunk",
     "first_malformed_tool_call",
@@ -406,8 +407,28 @@ def response_to_message(response: ChatResponse) -> AIMessage:
         tool_calls=tool_calls,
         invalid_tool_calls=invalid,
         usage_metadata=usage_to_metadata(response.usage) if response.usage else None,
-        response_metadata=_metadata_of(response),
+        response_metadata=_with_logprobs(_metadata_of(response), response.logprobs),
     )
+
+
+def _with_logprobs(
+    meta: dict[str, Any], logprobs: Sequence[Mapping[str, Any]] | None
+) -> dict[str, Any]:
+    # ChatOpenAI's place and shape: response_metadata["logprobs"] = {"content": [...]}.
+    if logprobs is not None:
+        meta["logprobs"] = {"content": [dict(entry) for entry in logprobs]}
+    return meta
+
+
+def chunk_generation_info(chunk: ChatChunk) -> dict[str, Any] | None:
+    """A streamed delta's `generation_info`: its tokens' logprobs, as ChatOpenAI's.
+
+    LangChain copies it into the chunk's `response_metadata`, and adding the
+    chunks concatenates the `logprobs.content` lists.
+    """
+    if not chunk.logprobs:
+        return None
+    return {"logprobs": {"content": [dict(entry) for entry in chunk.logprobs]}}
 
 
 def _metadata_of(response: ChatResponse) -> dict[str, Any]:

@@ -11,19 +11,20 @@ forced tool call.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.output_parsers import (
     JsonOutputKeyToolsParser,
     JsonOutputParser,
     PydanticOutputParser,
     PydanticToolsParser,
 )
+from langchain_core.outputs import Generation
 from langchain_core.runnables import (
     Runnable,
     RunnableLambda,
@@ -165,6 +166,83 @@ def _json_schema_parser(schema: Any) -> Callable[[AIMessage], Any]:
     return parse
 
 
+class _StreamingJsonSchemaParser(JsonOutputParser):
+    """json_schema output for dict / TypedDict / JSON-schema schemas, streamed.
+
+    Partial dicts while the JSON streams in (as ChatOpenAI's
+    `JsonOutputParser`), then the strictly parsed whole.
+
+    LangChain's cumulative parsers stop at the last partial parse, so a
+    truncated or invalid JSON stream would end on a partial dict, silently;
+    here the accumulated message is parsed strictly at the end, which raises
+    `OutputParserException` as `invoke` does.
+    """
+
+    strict_parse: Callable[[AIMessage], Any]
+
+    def parse_result(self, result: list[Generation], *, partial: bool = False) -> Any:
+        message = getattr(result[0], "message", None)
+        if not partial:
+            if isinstance(message, AIMessage):
+                return self.strict_parse(message)
+            return super().parse_result(result)
+        if isinstance(message, AIMessage) and message.tool_calls and not _message_text(message):
+            return None  # the model called a tool instead of answering
+        return super().parse_result(result, partial=True)
+
+    def _final(self, chunks: list[Any]) -> Any:
+        merged = chunks[0]
+        for chunk in chunks[1:]:
+            merged = merged + chunk
+        if isinstance(merged, BaseMessage):
+            message = merged if isinstance(merged, AIMessage) else AIMessage(merged.content)
+            if isinstance(merged, AIMessageChunk):
+                message = AIMessage(
+                    content=merged.content,
+                    tool_calls=merged.tool_calls,
+                    response_metadata=merged.response_metadata,
+                )
+            return self.strict_parse(message)
+        return self.strict_parse(AIMessage(str(merged)))
+
+    def _transform(self, input: Iterator[str | BaseMessage]) -> Iterator[Any]:
+        seen: list[Any] = []
+
+        def tee() -> Iterator[str | BaseMessage]:
+            for chunk in input:
+                seen.append(chunk)
+                yield chunk
+
+        last: Any = _UNSET
+        for parsed in super()._transform(tee()):
+            last = parsed
+            yield parsed
+        if seen:
+            final = self._final(seen)
+            if final != last:
+                yield final
+
+    async def _atransform(self, input: AsyncIterator[str | BaseMessage]) -> AsyncIterator[Any]:
+        seen: list[Any] = []
+
+        async def tee() -> AsyncIterator[str | BaseMessage]:
+            async for chunk in input:
+                seen.append(chunk)
+                yield chunk
+
+        last: Any = _UNSET
+        async for parsed in super()._atransform(tee()):
+            last = parsed
+            yield parsed
+        if seen:
+            final = self._final(seen)
+            if final != last:
+                yield final
+
+
+_UNSET = object()
+
+
 def structured_output(
     model: Any,
     schema: Any,
@@ -245,9 +323,11 @@ def structured_output(
             bind_kwargs["tools"] = format_tools(tools, strict=strict)
         llm = model.bind(**bind_kwargs)
         parse = _json_schema_parser(schema)
-        parser = RunnableLambda(parse)
         if is_pydantic:
-            parser = parser.with_types(output_type=schema)
+            # A pydantic object cannot be half-built: one result, when complete.
+            parser = RunnableLambda(parse).with_types(output_type=schema)
+        else:
+            parser = _StreamingJsonSchemaParser(strict_parse=parse)
     else:
         msg = (
             f"Unknown structured output method {method!r}; use 'json_schema', "

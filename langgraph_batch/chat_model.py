@@ -35,6 +35,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 from langchain_core.utils import secret_from_env
 from pydantic import (
+    AliasChoices,
     ConfigDict,
     Field,
     SecretStr,
@@ -43,8 +44,10 @@ from pydantic import (
     model_validator,
 )
 
+from langgraph_batch._chat_habits import ChatOpenAIHabits
 from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch._convert import (
+    chunk_generation_info,
     chunk_to_message_chunk,
     final_chunk,
     messages_to_openai,
@@ -101,7 +104,7 @@ def _record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
 
 # Field -> (lowest value, whether it is allowed, what None means); checked at construction.
 _BOUNDS: dict[str, tuple[float, bool, str]] = {
-    "timeout": (0, False, "no limit"),
+    "request_timeout": (0, False, "no limit"),
     "total_timeout": (0, False, "no limit"),
     "stream_chunk_timeout": (0, True, "no limit, as 0"),
     "max_tokens": (1, True, "the server's default"),
@@ -128,7 +131,7 @@ def _float_env(name: str, default: float) -> float | None:
 _INITIAL_INFLIGHT = 64
 
 
-class BatchedChatModel(BaseChatModel):
+class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
     """A chat model for vLLM, SGLang or any OpenAI-compatible server, batched.
 
     All calls for one server (one `base_url`, or one `scheduler` name) go
@@ -160,20 +163,37 @@ class BatchedChatModel(BaseChatModel):
         ```
     """
 
-    model: str = Field(alias="model_name")
-    """Model name as the server knows it (`/v1/models`)."""
-    base_url: str = Field(default_factory=lambda: os.environ.get("LGB_BASE_URL", _DEFAULT_BASE_URL))
-    """`http(s)://host:port[/v1]`, `vllm://host:port`, `sglang://host:port` or
-    `openai://host` (default: env `LGB_BASE_URL`, else the local vLLM port)."""
-    api_key: SecretStr | None = Field(
-        default_factory=secret_from_env(["LGB_API_KEY", "OPENAI_API_KEY"], default=None)
+    # Field names and aliases are ChatOpenAI's: users type the alias (`model=`,
+    # `api_key=`, `base_url=`, `timeout=`) or the field name (`model_name=`, ...),
+    # and type checkers see the alias in the constructor's signature.
+    model_name: str = Field(alias="model")
+    """Model name as the server knows it (`/v1/models`). Also `model`."""
+    openai_api_base: str = Field(
+        alias="base_url",
+        default_factory=lambda: os.environ.get("LGB_BASE_URL", _DEFAULT_BASE_URL),
     )
-    """Bearer token (default: env `LGB_API_KEY`, then `OPENAI_API_KEY`; None for local servers)."""
+    """`http(s)://host:port[/v1]`, `vllm://host:port`, `sglang://host:port` or
+    `openai://host` (default: env `LGB_BASE_URL`, else the local vLLM port). Also
+    `base_url`."""
+    openai_api_key: SecretStr | str | None = Field(
+        alias="api_key",
+        default_factory=secret_from_env(["LGB_API_KEY", "OPENAI_API_KEY"], default=None),
+    )
+    """Bearer token (default: env `LGB_API_KEY`, then `OPENAI_API_KEY`; None for local
+    servers). Also `api_key`. A `str` is accepted and kept as a `SecretStr`."""
     temperature: float | None = None
-    max_tokens: int | None = Field(default=None)
-    """Most tokens to generate per call."""
-    timeout: float | None = Field(default=None, alias="request_timeout")
-    """HTTP read timeout per attempt, in seconds (None: the backend's default)."""
+    logprobs: bool | None = None
+    """Return each generated token's log probability (`response_metadata["logprobs"]`,
+    ChatOpenAI's shape; per chunk when streaming)."""
+    top_logprobs: int | None = None
+    """With `logprobs`: the most likely alternatives per token (0-20)."""
+    max_tokens: int | None = Field(
+        default=None, validation_alias=AliasChoices("max_tokens", "max_completion_tokens")
+    )
+    """Most tokens to generate per call (`max_completion_tokens=` is accepted too)."""
+    request_timeout: float | None = Field(default=None, alias="timeout")
+    """HTTP read timeout per attempt, in seconds (None: the backend's default). Also
+    `timeout`."""
     total_timeout: float | None = None
     """Limit on one call including queue wait and retries, in seconds (None: no limit)."""
     max_retries: int = 2
@@ -227,11 +247,17 @@ class BatchedChatModel(BaseChatModel):
 
     # ------------------------------------------------------------------ validation
 
-    @field_validator("base_url")
+    @field_validator("openai_api_base")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         backend_key(value)  # raises ValueError naming a bad URL
         return value
+
+    @field_validator("openai_api_key", mode="before")
+    @classmethod
+    def _secret_key(cls, value: Any) -> Any:
+        # Typed `SecretStr | str` so that `api_key="..."` type-checks; held as a SecretStr.
+        return SecretStr(value) if isinstance(value, str) else value
 
     @field_validator(*_BOUNDS)
     @classmethod
@@ -285,11 +311,6 @@ class BatchedChatModel(BaseChatModel):
             "max_tokens": self.max_tokens,
             "stop": self.stop,
         }
-
-    @property
-    def lc_secrets(self) -> dict[str, str]:
-        """Where the API key comes from when (de)serialised."""
-        return {"api_key": "LGB_API_KEY"}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
@@ -406,6 +427,10 @@ class BatchedChatModel(BaseChatModel):
             params["temperature"] = self.temperature
         if self.max_tokens is not None:
             params["max_tokens"] = self.max_tokens
+        if self.logprobs is not None:
+            params["logprobs"] = self.logprobs
+        if self.top_logprobs is not None:
+            params["top_logprobs"] = self.top_logprobs
         stop_seq = stop if stop is not None else self.stop
         if stop_seq:
             params["stop"] = list(stop_seq)
@@ -460,7 +485,8 @@ class BatchedChatModel(BaseChatModel):
         return request, turn, sibling
 
     def _api_key(self) -> str | None:
-        return self.api_key.get_secret_value() if self.api_key is not None else None
+        key = self.api_key
+        return key.get_secret_value() if key is not None else None
 
     def _make_backend(self) -> Backend:
         if self.backend is not None:
@@ -617,7 +643,10 @@ class BatchedChatModel(BaseChatModel):
         try:
             while (item := await chunks.get()) is not _END:
                 if item.content or item.tool_call_chunks:
-                    yield ChatGenerationChunk(message=chunk_to_message_chunk(item))
+                    yield ChatGenerationChunk(
+                        message=chunk_to_message_chunk(item),
+                        generation_info=chunk_generation_info(item),
+                    )
             response = task.result()
         finally:
             if not task.done():

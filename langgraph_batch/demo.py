@@ -233,7 +233,7 @@ async def _run_batched(
     clock = [time.monotonic()]
     search = coalesce(_make_tool(service))
     base = BatchedChatModel(
-        model_name=server.model,
+        model=server.model,
         base_url=server.url,
         api_key=server.secret,
         max_tokens=256,
@@ -315,7 +315,7 @@ async def _run_naive(server: Server, n: int, service: _ToolService) -> _RunRepor
                 "pip install 'langgraph-batch[demo]'"
             )
         llm = BatchedChatModel(
-            model_name=server.model, base_url=server.url, api_key=server.secret, max_tokens=256
+            model=server.model, base_url=server.url, api_key=server.secret, max_tokens=256
         )
     else:
         label = "plain LangGraph (Send + ChatOpenAI + ToolNode)"

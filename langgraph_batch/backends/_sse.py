@@ -9,11 +9,18 @@ work stays small: `json.loads` on bytes, no models.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from langgraph_batch.backends.base import ChatChunk, ChatResponse, ToolCall, ToolCallChunk, Usage
 
-__all__ = ("ChatStreamAccumulator", "SSEDecoder", "parse_tool_calls", "parse_usage")
+__all__ = (
+    "ChatStreamAccumulator",
+    "SSEDecoder",
+    "parse_logprobs",
+    "parse_tool_calls",
+    "parse_usage",
+)
 
 
 class SSEDecoder:
@@ -73,6 +80,16 @@ class SSEDecoder:
         return events
 
 
+def parse_logprobs(raw: Any) -> tuple[Mapping[str, Any], ...] | None:
+    """A choice's `logprobs.content` (OpenAI's chat shape); None when absent or not that shape."""
+    if not isinstance(raw, dict):
+        return None
+    content = raw.get("content")
+    if not isinstance(content, list):
+        return None
+    return tuple(entry for entry in content if isinstance(entry, dict))
+
+
 def parse_usage(raw: Any) -> Usage | None:
     """An OpenAI `usage` object as `Usage` (cached tokens from `prompt_tokens_details`)."""
     if not isinstance(raw, dict):
@@ -119,11 +136,21 @@ class ChatStreamAccumulator:
     brings the id and name, later ones append argument text.
     """
 
-    __slots__ = ("_content", "_tools", "chunks", "finish_reason", "id", "model", "usage")
+    __slots__ = (
+        "_content",
+        "_logprobs",
+        "_tools",
+        "chunks",
+        "finish_reason",
+        "id",
+        "model",
+        "usage",
+    )
 
     def __init__(self) -> None:
         self._content: list[str] = []
         self._tools: dict[int, list[Any]] = {}
+        self._logprobs: list[Mapping[str, Any]] | None = None
         self.chunks = 0
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
@@ -139,9 +166,15 @@ class ChatStreamAccumulator:
         content = ""
         tool_chunks: tuple[ToolCallChunk, ...] = ()
         finish = None
+        logprobs = None
         choices = obj.get("choices")
         if choices:
             choice = choices[0]
+            logprobs = parse_logprobs(choice.get("logprobs"))
+            if logprobs:
+                if self._logprobs is None:
+                    self._logprobs = []
+                self._logprobs.extend(logprobs)
             delta = choice.get("delta")
             if delta:
                 text = delta.get("content")
@@ -171,6 +204,7 @@ class ChatStreamAccumulator:
             usage=usage,
             id=self.id,
             model=self.model,
+            logprobs=logprobs,
         )
 
     def _add_tools(self, raw_tools: list[dict[str, Any]]) -> tuple[ToolCallChunk, ...]:
@@ -211,4 +245,5 @@ class ChatStreamAccumulator:
             finish_reason=self.finish_reason,
             usage=self.usage,
             request_id=request_id,
+            logprobs=tuple(self._logprobs) if self._logprobs is not None else None,
         )

@@ -122,6 +122,8 @@ class ChatChunk:
     usage: Usage | None = None
     id: str | None = None
     model: str | None = None
+    logprobs: tuple[Mapping[str, Any], ...] | None = None
+    """The `logprobs.content` entries of this delta's tokens (requested with `logprobs`)."""
 
 
 @dataclass(**_DC_KWARGS)
@@ -140,6 +142,8 @@ class ChatResponse:
     queue_wait_s: float | None = None
     """Seconds the request waited in the scheduler for a slot (all attempts); set by
     the scheduler, None from a backend called directly."""
+    logprobs: tuple[Mapping[str, Any], ...] | None = None
+    """`choices[0].logprobs.content` (token, logprob, bytes, top_logprobs), when requested."""
 
 
 @dataclass(**_DC_KWARGS)
@@ -271,6 +275,25 @@ class Backend(abc.ABC):
     async def metrics(self) -> EngineMetrics | None:
         """Current engine load, or None when the server exposes none."""
         return None
+
+    async def count_tokens(
+        self,
+        model: str,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        """Tokens the server's own tokenizer counts.
+
+        In `prompt`, or in the chat prompt `messages` (and `tools`) render to,
+        generation prompt included.
+
+        Raises:
+            NotImplementedError: this backend cannot ask its server (the default).
+            BackendError: the server could not be reached or has no tokenizer route.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot count tokens")
 
     async def health(self) -> bool:
         """True when the server says it is healthy."""

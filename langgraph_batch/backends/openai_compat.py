@@ -34,6 +34,7 @@ from langgraph_batch.backends._http import (
 from langgraph_batch.backends._sse import (
     ChatStreamAccumulator,
     SSEDecoder,
+    parse_logprobs,
     parse_tool_calls,
     parse_usage,
 )
@@ -192,6 +193,7 @@ class OpenAICompatibleBackend(Backend):
         self._completions_url = httpx.URL(api + "/completions")
         self._models_url = httpx.URL(api + "/models")
         self._health_url = httpx.URL(self.base_url + "/health")
+        self._tokenize_url = httpx.URL(self.base_url + "/tokenize")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
@@ -356,6 +358,7 @@ class OpenAICompatibleBackend(Backend):
                 finish_reason=choice.get("finish_reason"),
                 usage=parse_usage(data.get("usage")),
                 request_id=request.request_id,
+                logprobs=parse_logprobs(choice.get("logprobs")),
             )
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise BackendServerError(
@@ -518,6 +521,47 @@ class OpenAICompatibleBackend(Backend):
             raise BackendServerError(
                 f"{self._models_url} answered with an unexpected body: {response.content[:200]!r}",
                 url=str(self._models_url),
+                status_code=response.status_code,
+            ) from exc
+
+    async def count_tokens(
+        self,
+        model: str,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        """`POST /tokenize` (vLLM, SGLang, the emulator): `{count}` from the server's tokenizer.
+
+        `prompt` is counted without special tokens (as a piece of text);
+        `messages` through the server's chat template, with the generation
+        prompt: what a chat request with them would cost in prompt tokens.
+
+        Raises:
+            BackendError: unreachable, or an error status (404: no `/tokenize`).
+        """
+        self._check_open()
+        body: dict[str, Any] = {"model": model}
+        if messages is not None:
+            body.update(messages=list(messages), add_generation_prompt=True)
+            if tools:
+                body["tools"] = list(tools)
+        else:
+            body.update(prompt=prompt or "", add_special_tokens=False)
+        url = self._tokenize_url
+        with map_transport_errors(url, read_timeout=self.timeout):
+            response = await self._client.post(
+                url, content=json.dumps(body), headers={"content-type": "application/json"}
+            )
+        if response.status_code >= 400:
+            raise await self._error(response, url, None)
+        try:
+            return int(json.loads(response.content)["count"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackendServerError(
+                f"{url} answered with an unexpected body: {response.content[:200]!r}",
+                url=str(url),
                 status_code=response.status_code,
             ) from exc
 

@@ -541,6 +541,21 @@ class EndpointPool(Backend):
         answers = await self._each(lambda b: b.health())
         return any(a is True for a in answers)
 
+    async def count_tokens(self, model: str, **kw: Any) -> int:
+        """The first replica that can count (replicas serve one model: one tokenizer).
+
+        Raises:
+            NotImplementedError: no replica can count tokens.
+            BackendError: the last replica's failure, when every one failed.
+        """
+        last: Exception = NotImplementedError("no replica can count tokens")
+        for replica in self._replicas:
+            try:
+                return await replica.backend.count_tokens(model, **kw)
+            except (NotImplementedError, BackendError) as exc:
+                last = exc
+        raise last
+
     async def models(self) -> list[ModelInfo]:
         """The union of the replicas' models (first answer wins per id).
 

@@ -27,6 +27,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 from langgraph_batch.backends.base import (
     Backend,
@@ -228,6 +229,10 @@ class ClusterLimitedBackend(Backend):
     async def models(self) -> list[ModelInfo]:
         """The wrapped backend's models."""
         return await self.inner.models()
+
+    async def count_tokens(self, model: str, **kw: Any) -> int:
+        """The wrapped backend's token count (not counted against the cluster cap)."""
+        return await self.inner.count_tokens(model, **kw)
 
     async def aclose(self) -> None:
         """Close the wrapped backend."""

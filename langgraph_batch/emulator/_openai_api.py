@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,14 @@ from langgraph_batch.emulator._http import (
     structured_of,
 )
 from langgraph_batch.emulator.engine import Request
-from langgraph_batch.emulator.protocol import ChunkEncoder, chat_chunk, now_s, sse, usage_dict
+from langgraph_batch.emulator.protocol import (
+    ChunkEncoder,
+    chat_chunk,
+    logprobs_json,
+    now_s,
+    sse,
+    usage_dict,
+)
 from langgraph_batch.emulator.scenarios import Plan, ToolCallPlan, plan_chat
 from langgraph_batch.emulator.tokenizer import split_pieces, tokenize, tokenize_chat
 
@@ -48,6 +55,7 @@ async def chat(server: EmulatorServer, request: HTTPRequest) -> Response:
             )
         if body.get("n", 1) != 1:
             raise RequestError("The emulator supports only n=1.")
+        top = _top_logprobs(body)
         prompt_ids = tokenize_chat(messages, tools=tools)
         max_tokens = server.max_tokens(body, len(prompt_ids), default=None)
         sopts = opts.scenario
@@ -79,19 +87,37 @@ async def chat(server: EmulatorServer, request: HTTPRequest) -> Response:
         stream_opts = body.get("stream_options") or {}
         include_usage = bool(stream_opts.get("include_usage"))
         return StreamingResponse(
-            _stream_chat(server, chat_id, req, plan, opts, include_usage=include_usage),
+            _stream_chat(
+                server, chat_id, req, plan, opts, include_usage=include_usage, top_logprobs=top
+            ),
             media_type="text/event-stream",
             headers=headers,
         )
     if not await server.run_to_end([req], request, opts):
         return Response(status_code=499)
     payload = _chat_json(server, chat_id, req, plan)
+    if top is not None:
+        payload["choices"][0]["logprobs"] = logprobs_json(plan.pieces, top)
     if opts.fault == "drop":
         return _DroppingResponse(json.dumps(payload).encode(), headers=headers)
     if opts.fault == "truncate":
         raw = json.dumps(payload).encode()
         return Response(raw[: len(raw) // 2], media_type="application/json", headers=headers)
     return JSONResponse(payload, headers=headers)
+
+
+def _top_logprobs(body: Mapping[str, Any]) -> int | None:
+    """None without `logprobs`; else how many `top_logprobs` per token (vLLM's checks)."""
+    top = body.get("top_logprobs")
+    if not body.get("logprobs"):
+        if top:
+            raise RequestError("when using `top_logprobs`, `logprobs` must be set to true.")
+        return None
+    if top is None:
+        return 0
+    if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20:
+        raise RequestError("`top_logprobs` must be an integer between 0 and 20.")
+    return top
 
 
 def _usage(server: EmulatorServer, req: Request) -> dict[str, Any]:
@@ -144,6 +170,7 @@ async def _stream_chat(
     opts: RequestOptions,
     *,
     include_usage: bool,
+    top_logprobs: int | None = None,
 ) -> AsyncIterator[bytes]:
     model = server.config.model
     created = now_s()
@@ -179,7 +206,11 @@ async def _stream_chat(
                 pos = offsets[k]
                 if call is None:
                     delta_text = text[offsets[sent] : pos]
-                    if delta_text:
+                    if delta_text and top_logprobs is not None:
+                        lp = logprobs_json(pieces[sent:k], top_logprobs)
+                        delta = {"content": delta_text}
+                        frames.append(sse(chat_chunk(chat_id, model, created, delta, logprobs=lp)))
+                    elif delta_text:
                         frames.append(enc.content(delta_text))
                 else:
                     if not name_sent and pos >= name_end:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -68,6 +70,7 @@ def chat_chunk(
     *,
     finish_reason: str | None = None,
     usage: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A `chat.completion.chunk` with one choice."""
     out: dict[str, Any] = {
@@ -79,7 +82,7 @@ def chat_chunk(
             {
                 "index": 0,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
                 **({"stop_reason": None} if finish_reason else {}),
             }
@@ -88,6 +91,30 @@ def chat_chunk(
     if usage is not None:
         out["usage"] = usage
     return out
+
+
+def logprobs_json(pieces: Sequence[str], top: int) -> dict[str, Any]:
+    """The chat `logprobs` vLLM returns for generated `pieces`: deterministic, made up.
+
+    Each token's logprob is a function of its text (a crc32), in (-2.0, 0.0];
+    with `top` > 0 the token leads its `top_logprobs`, followed by made-up
+    alternatives (`piece~1`, ...) that are less likely.
+    """
+    content = []
+    for piece in pieces:
+        logprob = -(zlib.crc32(piece.encode()) % 2000) / 1000.0
+        entry: dict[str, Any] = {
+            "token": piece,
+            "logprob": logprob,
+            "bytes": list(piece.encode()),
+        }
+        alts = [{"token": piece, "logprob": logprob, "bytes": list(piece.encode())}]
+        for j in range(1, top):
+            alt = f"{piece}~{j}"
+            alts.append({"token": alt, "logprob": logprob - j, "bytes": list(alt.encode())})
+        entry["top_logprobs"] = alts[:top]
+        content.append(entry)
+    return {"content": content}
 
 
 def now_s() -> int:

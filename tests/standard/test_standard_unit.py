@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from langchain_core.language_models import BaseChatModel
 from langchain_tests.unit_tests import ChatModelUnitTests
+from syrupy.assertion import SnapshotAssertion
 
 from langgraph_batch.chat_model import BatchedChatModel
 
@@ -25,3 +28,14 @@ class TestBatchedChatModelUnit(ChatModelUnitTests):
             {"model": "emulated-llama-3-8b"},
             {"api_key": "api_key", "base_url": "sglang://10.0.0.1:30000"},
         )
+
+    @pytest.mark.xfail(
+        reason=(
+            "langchain-core's load(allowed_objects='all') admits only the classes in its "
+            "own mapping, never a third-party one; BatchedChatModel round-trips with "
+            "allowed_objects=[BatchedChatModel] (tests/unit/test_chat_model_habits.py)"
+        ),
+        strict=True,
+    )
+    def test_serdes(self, model: BaseChatModel, snapshot: SnapshotAssertion) -> None:
+        super().test_serdes(model, snapshot)

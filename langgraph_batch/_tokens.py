@@ -1,0 +1,121 @@
+"""Token counts from the server's own tokenizer, for `BatchedChatModel.get_num_tokens*`.
+
+LangChain's default `get_num_tokens` needs a local GPT-2 tokenizer (a
+download, and the wrong tokenizer for the served model). The server knows its
+tokenizer and chat template: vLLM, SGLang and the emulator answer
+`POST /tokenize`. Counts are cached per (server, model, text) in a bounded LRU,
+so `trim_messages(token_counter=llm)` asks about each message once.
+
+A server without the route (a cloud API, an old engine) or one that cannot be
+reached gets an estimate of ~4 characters per token, with one WARNING per
+server and reason; estimates are not cached (the server may come back).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langgraph_batch.backends.base import Backend
+from langgraph_batch.errors import BackendError
+
+__all__ = ("CACHE_SIZE", "CHARS_PER_TOKEN", "acount", "cached", "estimate", "fallback")
+
+logger = logging.getLogger("langgraph_batch.chat_model")
+
+CACHE_SIZE = 4096
+"""Counts kept (LRU): about 4096 distinct texts or conversations."""
+CHARS_PER_TOKEN = 4
+"""The estimate's ratio when the server cannot count (English text, BPE tokenizers)."""
+_MESSAGE_OVERHEAD = 4
+"""The estimate's tokens per message for the chat template's role markers."""
+
+_lock = threading.Lock()
+_counts: OrderedDict[str, int] = OrderedDict()
+_warned: set[tuple[str, str]] = set()
+
+
+def _key(scope: str, model: str, payload: Mapping[str, Any]) -> str:
+    raw = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(f"{scope}\0{model}\0{raw}".encode()).hexdigest()
+
+
+def cached(scope: str, model: str, payload: Mapping[str, Any]) -> int | None:
+    """The cached count for `payload` (`{"prompt": ...}` or `{"messages", "tools"}`), if any."""
+    key = _key(scope, model, payload)
+    with _lock:
+        count = _counts.get(key)
+        if count is not None:
+            _counts.move_to_end(key)
+        return count
+
+
+def _store(scope: str, model: str, payload: Mapping[str, Any], count: int) -> None:
+    key = _key(scope, model, payload)
+    with _lock:
+        _counts[key] = count
+        _counts.move_to_end(key)
+        while len(_counts) > CACHE_SIZE:
+            _counts.popitem(last=False)
+
+
+def estimate(payload: Mapping[str, Any]) -> int:
+    """~4 characters per token, plus a few per message for the template."""
+    if "prompt" in payload:
+        return -(-len(str(payload["prompt"])) // CHARS_PER_TOKEN)
+    messages = payload.get("messages") or []
+    text = json.dumps([m.get("content") for m in messages], default=str)
+    tools = payload.get("tools")
+    if tools:
+        text += json.dumps(tools, default=str)
+    return -(-len(text) // CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD * len(messages)
+
+
+def fallback(scope: str, payload: Mapping[str, Any], reason: str) -> int:
+    """The estimate, with one WARNING per (server, reason)."""
+    with _lock:
+        first = (scope, reason) not in _warned
+        _warned.add((scope, reason))
+    if first:
+        logger.warning(
+            "get_num_tokens: %s; counting ~%d characters per token instead (an estimate, "
+            "not the served model's tokenizer)",
+            reason,
+            CHARS_PER_TOKEN,
+        )
+    return estimate(payload)
+
+
+async def acount(backend: Backend, scope: str, model: str, payload: Mapping[str, Any]) -> int:
+    """The server's count for `payload`, cached; the estimate when it cannot count.
+
+    Args:
+        backend: the model's backend (its `count_tokens` asks `/tokenize`).
+        scope: the model's scheduler key (server and a digest of its credentials).
+        model: the served model's name.
+        payload: `{"prompt": str}` or `{"messages": [...], "tools": [...] | None}`.
+    """
+    hit = cached(scope, model, payload)
+    if hit is not None:
+        return hit
+    prompt = payload.get("prompt")
+    messages: Sequence[Mapping[str, Any]] | None = payload.get("messages")
+    try:
+        count = await backend.count_tokens(
+            model, prompt=prompt, messages=messages, tools=payload.get("tools")
+        )
+    except NotImplementedError:
+        return fallback(scope, payload, f"{type(backend).__name__} cannot ask its server")
+    except BackendError as exc:
+        status = getattr(exc, "status_code", None)
+        what = f"HTTP {status}" if status else type(exc).__name__
+        # No URL in the message: one with user info would print a credential.
+        reason = f"the server's /tokenize failed ({what}, {type(backend).__name__})"
+        return fallback(scope, payload, reason)
+    _store(scope, model, payload, count)
+    return count
