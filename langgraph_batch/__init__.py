@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from langgraph_batch._progress import ProgressBar, render_progress
-from langgraph_batch._tool_stats import ToolStats, tool_stats
 from langgraph_batch._version import __version__
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import (
@@ -42,9 +41,10 @@ from langgraph_batch.errors import (
 from langgraph_batch.nodes import FanOutNode, SiblingError, fan_out
 from langgraph_batch.scheduler import BatchPolicy, Scheduler, SchedulerState, SchedulerStats
 from langgraph_batch.tools import BatchToolNode, coalesce
+from langgraph_batch.tools._stats import ToolStats, tool_stats
 
 if TYPE_CHECKING:
-    from langgraph_batch._middleware import BatchMiddleware
+    from langgraph_batch.tools._middleware import BatchMiddleware
 
 __all__ = (
     "BackendAuthenticationError",
@@ -87,7 +87,7 @@ def __getattr__(name: str) -> Any:
     # BatchMiddleware needs the optional `langchain` package (create_agent):
     # import it on first use so the core install does not require it.
     if name == "BatchMiddleware":
-        from langgraph_batch._middleware import BatchMiddleware
+        from langgraph_batch.tools._middleware import BatchMiddleware
 
         return BatchMiddleware
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

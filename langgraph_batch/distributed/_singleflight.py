@@ -64,7 +64,7 @@ def key_digest(key: Hashable) -> str | None:
 
 
 class RedisFlightStore:
-    """A `FlightStore` (see `langgraph_batch._coalesce.set_flight_store`) on Redis.
+    """A `FlightStore` (see `langgraph_batch.tools._singleflight.set_flight_store`) on Redis.
 
     `runs` maps a sibling group (`SiblingInfo.group` on a worker) to the keys
     of its run; calls from siblings of unknown runs run locally.

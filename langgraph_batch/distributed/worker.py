@@ -49,7 +49,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langgraph_batch._coalesce import set_flight_store
 from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch.distributed._keys import (
     GROUP,
@@ -76,6 +75,7 @@ from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.nodes._run import forget_run
 from langgraph_batch.nodes.fan_out import SiblingError
 from langgraph_batch.scheduler.registry import set_backend_wrapper
+from langgraph_batch.tools._singleflight import set_flight_store
 
 __all__ = ("Worker", "load_graph")
 

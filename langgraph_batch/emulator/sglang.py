@@ -20,6 +20,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from langgraph_batch.emulator._http import RequestError
 from langgraph_batch.emulator.engine import Request
 from langgraph_batch.emulator.protocol import sse
 from langgraph_batch.emulator.scenarios import Plan, fit_length, key_of, value_for_schema
@@ -104,8 +105,6 @@ def _finish(plan: Plan, req: Request, max_new: int) -> dict[str, Any]:
 
 
 async def _generate(server: EmulatorServer, request: HTTPRequest) -> Response:
-    from langgraph_batch.emulator.server import RequestError
-
     try:
         body = await server._body(request)
         opts = server.options(request, body)

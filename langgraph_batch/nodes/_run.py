@@ -233,7 +233,7 @@ def group_id(config: RunnableConfig) -> str:
 
 def forget_run(run_id: str) -> None:
     """Drop what coalesced tools kept for this run (the tools module is optional here)."""
-    tools = sys.modules.get("langgraph_batch._tool_policy")
+    tools = sys.modules.get("langgraph_batch.tools._policy")
     forget = getattr(tools, "forget_run", None)
     if callable(forget):
         try:

@@ -53,7 +53,7 @@ def test_every_exported_name_resolves() -> None:
 
 
 def test_lazy_batch_middleware_is_the_tools_class() -> None:
-    from langgraph_batch._middleware import BatchMiddleware
+    from langgraph_batch.tools._middleware import BatchMiddleware
 
     assert langgraph_batch.BatchMiddleware is BatchMiddleware
 

@@ -305,7 +305,7 @@ async def test_stats_totals_reset_and_unknown_group() -> None:
 
 
 def test_batch_middleware_is_lazy_and_unknown_names_fail() -> None:
-    from langgraph_batch._middleware import BatchMiddleware
+    from langgraph_batch.tools._middleware import BatchMiddleware
 
     assert tools_module.BatchMiddleware is BatchMiddleware
     with pytest.raises(AttributeError, match="nope"):

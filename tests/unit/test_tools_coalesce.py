@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from langgraph_batch._coalesce import Coalescer, RateLimiter
+from langgraph_batch.tools._singleflight import Coalescer, RateLimiter
 
 
 class FakeClock:

@@ -8,7 +8,6 @@ from typing import Any, cast
 
 import pytest
 
-from langgraph_batch._coalesce import Coalescer, set_flight_store
 from langgraph_batch.backends.base import Backend, ChatRequest, ChatResponse
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
 from langgraph_batch.distributed import ClusterLimitedBackend, RedisExecutor, Worker
@@ -24,6 +23,7 @@ from langgraph_batch.distributed._semaphore import endpoint_key, limit_backends
 from langgraph_batch.distributed._singleflight import key_digest
 from langgraph_batch.distributed.cli import main as worker_main
 from langgraph_batch.scheduler import registry
+from langgraph_batch.tools._singleflight import Coalescer, set_flight_store
 
 GRAPH = "tests.integration.distributed.graphs:sleepy"
 

@@ -21,10 +21,12 @@ Coalescing and the sibling marking apply to async runs (`ainvoke`, `astream`,
 which is how `fan_out` runs siblings). A synchronous `invoke` executes tools
 exactly as a plain `ToolNode` would.
 
-Modules: `_tool_policy` (what is shared with whom: `coalesce`, the policy,
-run scopes), `_coalesce` (single flight and kept results), `_tool_hooks`
-(the hook both nodes compose), `_tool_stats` (counters), `_middleware`
-(`BatchMiddleware`, needs `langchain`); this module is the public face.
+The subpackage, one concern per module: `_policy` (what is shared with
+whom: `coalesce`, the policy, run scopes), `_singleflight` (single flight and
+kept results; Redis plugs in through `set_flight_store`), `_hooks` (the hook
+both nodes compose), `_stats` (counters), `_middleware` (`BatchMiddleware`,
+needs `langchain`); this module is the public face. Imports only go from here
+down to them, never back up (`tests/unit/test_module_graph.py`).
 """
 
 from __future__ import annotations
@@ -43,17 +45,17 @@ from langgraph.prebuilt.tool_node import (
     ToolCallWrapper,
 )
 
-from langgraph_batch._tool_hooks import Execute, ToolResult, coalesced_call, in_tool_call
-from langgraph_batch._tool_policy import (
+from langgraph_batch.tools._hooks import Execute, ToolResult, coalesced_call, in_tool_call
+from langgraph_batch.tools._policy import (
     CoalescePolicy,
     coalesce,
     coalesce_policy,
     forget_run,
 )
-from langgraph_batch._tool_stats import ToolStats, reset_tool_stats, tool_stats
+from langgraph_batch.tools._stats import ToolStats, reset_tool_stats, tool_stats
 
 if TYPE_CHECKING:
-    from langgraph_batch._middleware import BatchMiddleware
+    from langgraph_batch.tools._middleware import BatchMiddleware
 
 __all__ = (
     "BatchMiddleware",
@@ -177,7 +179,7 @@ class BatchToolNode(ToolNode):
 def __getattr__(name: str) -> Any:
     # BatchMiddleware needs the optional `langchain` package: import it on first use.
     if name == "BatchMiddleware":
-        from langgraph_batch._middleware import BatchMiddleware
+        from langgraph_batch.tools._middleware import BatchMiddleware
 
         return BatchMiddleware
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

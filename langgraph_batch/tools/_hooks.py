@@ -3,7 +3,7 @@
 `coalesced_call` runs one call through its tool's `CoalescePolicy` (if any)
 and the counters; `in_tool_call` marks the calling fan_out sibling as inside
 a tool while the call runs, which releases its admission place. Both hooks
-(`langgraph_batch.tools.BatchToolNode`, `langgraph_batch._middleware.
+(`langgraph_batch.tools.BatchToolNode`, `langgraph_batch.tools._middleware.
 BatchMiddleware`) compose these two; neither imports the other.
 """
 
@@ -20,8 +20,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from langgraph_batch import _tracing
 from langgraph_batch._context import current_sibling
-from langgraph_batch._tool_policy import ToolResult, coalesce_policy
-from langgraph_batch._tool_stats import STATS
+from langgraph_batch.tools._policy import ToolResult, coalesce_policy
+from langgraph_batch.tools._stats import STATS
 
 __all__ = ("Execute", "ToolResult", "coalesced_call", "in_tool_call")
 

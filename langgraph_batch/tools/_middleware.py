@@ -19,7 +19,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from langgraph_batch._tool_hooks import coalesced_call, in_tool_call
+from langgraph_batch.tools._hooks import coalesced_call, in_tool_call
 
 __all__ = ("BatchMiddleware",)
 

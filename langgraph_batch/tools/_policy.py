@@ -38,8 +38,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import get_runtime
 from langgraph.types import Command
 
-from langgraph_batch._coalesce import Coalescer
 from langgraph_batch._context import current_sibling
+from langgraph_batch.tools._singleflight import Coalescer
 
 __all__ = (
     "METADATA_KEY",
