@@ -62,16 +62,10 @@ from langgraph_batch.errors import (
     SchedulerDeadError,
     SchedulerError,
 )
-from langgraph_batch.scheduler._policy import (
-    HELD,
-    QUEUED,
-    RUNNING,
-    BatchPolicy,
-    BatchPolicyCore,
-    Outcome,
-    PolicyItem,
-)
+from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
+from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
+from langgraph_batch.scheduler._priority import engine_priority
 from langgraph_batch.scheduler._retry import backoff, log_failure, log_retry, retryable
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
@@ -471,7 +465,9 @@ class Scheduler:
                 turn=turn or 0, batchable=request.batchable, payload=request, prefix=prefix
             )
         if self._priority_to_engine and request.priority == 0:
-            item.payload = request = replace(request, priority=self._engine_priority(item))
+            item.payload = request = replace(
+                request, priority=engine_priority(self._policy.priority, item, self._core.attained)
+            )
         if not _tracing.ENABLED or not _tracing.recording():
             return await self._run_item(
                 loop, item, request, timeout, max_retries, on_chunk, sibling, check
@@ -530,14 +526,6 @@ class Scheduler:
         except asyncio.CancelledError:
             self._stats.cancelled += 1
             raise
-
-    def _engine_priority(self, item: PolicyItem) -> int:
-        mode = self._policy.priority
-        if mode == "depth_first":
-            return -item.turn
-        if mode == "las" and item.sibling_id is not None:
-            return int(self._core.attained_service(item.sibling_id) * 1000)
-        return 0
 
     async def _execute(
         self,
@@ -681,10 +669,8 @@ class Scheduler:
     def _abandon(self, item: PolicyItem) -> None:
         # The caller was cancelled while parked on its future.
         if item.state == QUEUED or item.state == HELD:
-            now = time.monotonic()
-            item.queued_s += now - item.enqueued_at
             core = self._core
-            core.withdraw(item, now)
+            core.withdraw(item, time.monotonic())  # counts its wait into queued_s
             if core.ready and core.slots_free:
                 self._kick()  # a withdrawn leader may have handed the lead on
         elif item.state == RUNNING and not item.in_batch:

@@ -13,12 +13,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "langgraph_batch"
 
 MAX_LINES = 600
-# Modules over the limit today, with the size they may not grow past. Each is
-# named in the redesign issue (the policy core and its runner are split by
-# concern there); shrink a module and lower or drop its entry.
+# Modules over the limit today, with the size they may not grow past; shrink
+# a module and lower or drop its entry (the test says when one is back under).
 OVERSIZE = {
-    "langgraph_batch.scheduler._policy": 980,
-    "langgraph_batch.scheduler._runner": 840,
+    "langgraph_batch.scheduler._runner": 820,
     "langgraph_batch.chat_model": 700,
     "langgraph_batch.nodes.fan_out": 620,
 }

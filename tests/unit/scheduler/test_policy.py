@@ -5,17 +5,16 @@ from __future__ import annotations
 import pytest
 
 from langgraph_batch.backends.base import EngineMetrics
-from langgraph_batch.scheduler._policy import (
+from langgraph_batch.scheduler._item import (
     DONE,
     QUEUED,
     RUNNING,
     WITHDRAWN,
-    BatchPolicy,
-    BatchPolicyCore,
     Outcome,
     Plan,
     PolicyItem,
 )
+from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 
 
 def core(**kw: object) -> BatchPolicyCore:
@@ -123,9 +122,9 @@ def test_las_prefers_least_attained_service() -> None:
 
 
 def test_las_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import langgraph_batch.scheduler._policy as pol
+    import langgraph_batch.scheduler._priority as priority
 
-    monkeypatch.setattr(pol, "_LAS_MEMORY", 2)
+    monkeypatch.setattr(priority, "LAS_MEMORY", 2)
     c = core(max_inflight=1, priority="las")
     for sid in ("a", "b", "c"):
         c.on_complete(_run_one(c, PolicyItem(sibling_id=sid), 0.0), Outcome.OK, 1.0)

@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from langgraph_batch.backends.base import EngineMetrics
-from langgraph_batch.scheduler._policy import (
-    BatchPolicy,
-    BatchPolicyCore,
-    Outcome,
-    PolicyItem,
-)
+from langgraph_batch.scheduler._item import Outcome, PolicyItem
+from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 
 
 def core(*, batching: bool = False, warming: bool = False, **kw: object) -> BatchPolicyCore:

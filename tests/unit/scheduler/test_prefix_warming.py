@@ -16,15 +16,15 @@ from langgraph_batch.backends.base import (
 )
 from langgraph_batch.errors import BackendBadRequestError
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
-from langgraph_batch.scheduler._policy import (
+from langgraph_batch.scheduler._item import (
     HELD,
     QUEUED,
     RUNNING,
     WITHDRAWN,
-    BatchPolicyCore,
     Outcome,
     PolicyItem,
 )
+from langgraph_batch.scheduler._policy import BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
 from tests.unit.scheduler._fakes import response
 

@@ -1,0 +1,130 @@
+"""The decode cap as the policy core applies it: which agent requests may start now.
+
+`DecodeCap` (`_decode_cap.py`) learns the cap from the engine's counters;
+this gate feeds it (our mean in flight per sample, whether the cap held a
+request back) and answers the core's one question, `room(now)`: how many
+more agent requests (anything but one-shot, batchable ones) may start. It
+holds at the cap's start from the first request until the engine's first
+sample, and stands down for good when the engine does not count generated
+tokens, or when no sample comes within a grace period. When every agent
+request belongs to a fan_out run, the cap is rounded so that what the runs
+have left goes in equal waves (`PolicyItem.left` reads the run's counter).
+"""
+
+from __future__ import annotations
+
+from langgraph_batch.backends.base import EngineMetrics
+from langgraph_batch.scheduler._config import BatchPolicy
+from langgraph_batch.scheduler._decode_cap import DecodeCap, RunDemand
+from langgraph_batch.scheduler._item import PolicyItem
+
+__all__ = ("DECODE_GRACE_S", "DECODE_START", "DecodeGate")
+
+DECODE_START = 16
+"""Where the cap's search starts (like TCP's initial window, in requests): it
+steps up from here while decode throughput keeps up, and probes after."""
+
+DECODE_GRACE_S = 2.0
+"""How long the cap waits for a first metrics sample before it stands down (at
+least; 4 metrics intervals when that is longer)."""
+
+
+class DecodeGate:
+    """Agent requests in flight against the learned decode cap.
+
+    Example:
+        ```python
+        gate = DecodeGate(policy, adapting=True)
+        room = gate.room(now)        # None: not capping; <= 0: hold agent requests
+        ```
+    """
+
+    def __init__(self, policy: BatchPolicy, *, adapting: bool) -> None:
+        self.cap: DecodeCap | None = None
+        """The learner (None: off, no engine metrics, or stood down)."""
+        if adapting and policy.decode_cap:
+            self.cap = DecodeCap(
+                ceiling=policy.hard_cap,
+                floor=policy.min_inflight,
+                start=min(DECODE_START, policy.hard_cap),
+                elasticity=policy.decode_elasticity,
+            )
+        self.capped = 0
+        """Agent requests holding a slot."""
+        self._demand = RunDemand()
+        self._area = 0.0
+        self._area_t0: float | None = None
+        self.bound = False
+        """The cap held an agent request back since the last sample."""
+        self.idle = True
+        """We had nothing in flight at some moment since the last sample."""
+        self._grace = max(DECODE_GRACE_S, 4.0 * policy.metrics_interval_s)
+        self._deadline: float | None = None
+
+    def track(self, item: PolicyItem, delta: int) -> None:
+        """Count an agent item in (+1) or out (-1) of the runs' demand."""
+        if delta > 0:
+            self._demand.add(item.group, item.left)
+        else:
+            self._demand.remove(item.group, item.left)
+
+    def account(self, seconds: float, in_flight: int) -> None:
+        """`in_flight` requests were on the wire for `seconds` (the in-flight integral)."""
+        self._area += seconds * in_flight
+
+    def room(self, now: float) -> int | None:
+        """Agent items that may start now (None: no cap).
+
+        Rounded so that what the fan_out runs have left runs in equal waves,
+        never a small last one (`DecodeCap.wave`). Before the engine's first
+        sample the cap holds at its start, for at most the grace period after
+        the first request (then it stands down: the metrics do not arrive).
+        """
+        cap = self.cap
+        if cap is None:
+            return None
+        if not cap.active:
+            deadline = self._deadline
+            if deadline is None:
+                self._deadline = now + self._grace
+            elif now > deadline:
+                self.cap = None
+                return None
+        return cap.wave(self._demand.siblings_left()) - self.capped
+
+    def observe(self, metrics: EngineMetrics, now: float, *, in_flight: int, queued: int) -> None:
+        """Feed the cap one sample (after `account` brought the integral up to `now`).
+
+        The engine's counters, our mean in flight since the last sample,
+        whether we had nothing in flight for a moment, and whether the cap
+        held an agent request back meanwhile.
+        """
+        cap = self.cap
+        if cap is None:
+            return
+        generated = metrics.generation_tokens_total
+        if generated is None:
+            self.cap = None  # the engine does not count generated tokens
+            return
+        prompt, hits = metrics.prompt_tokens_total, metrics.prefix_cache_hits_total
+        prefill = None if prompt is None or hits is None else prompt - hits
+        t0 = self._area_t0
+        mean = self._area / (now - t0) if t0 is not None and now > t0 else float(in_flight)
+        self._area = 0.0
+        self._area_t0 = now
+        bound = self.bound
+        if not bound and queued:
+            room = self.room(now)
+            bound = room is not None and room <= 0
+        self.bound = False
+        busy = not self.idle and in_flight > 0
+        self.idle = in_flight == 0
+        cap.observe(
+            now,
+            generated=generated,
+            prefill=prefill,
+            in_flight=mean,
+            busy=busy,
+            bound=bound,
+            engines=metrics.engines or 1,
+        )
