@@ -65,7 +65,13 @@ from langgraph_batch._structured import (
 )
 from langgraph_batch.backends import backend_from_url, backend_key
 from langgraph_batch.backends._factory import check_api_key
-from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+from langgraph_batch.backends.base import (
+    Backend,
+    ChatChunk,
+    ChatRequest,
+    ChatResponse,
+    sibling_route_key,
+)
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import scheduler_for
 
@@ -481,6 +487,7 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
             timeout=self.timeout,
             stream_chunk_timeout=self.stream_chunk_timeout or None,
             batchable=batchable,
+            route_key=sibling_route_key(sibling.sibling_id) if sibling is not None else None,
         )
         return request, turn, sibling
 

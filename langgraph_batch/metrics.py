@@ -51,7 +51,8 @@ from typing import Any
 
 from langgraph_batch import _observe
 from langgraph_batch._extras import missing_extra
-from langgraph_batch.scheduler._runner import Scheduler, SchedulerState, live_schedulers
+from langgraph_batch.scheduler._runner import Scheduler, live_schedulers
+from langgraph_batch.scheduler._state import SchedulerState
 from langgraph_batch.tools._stats import STATS as _TOOL_STATS
 
 try:

@@ -73,6 +73,16 @@ class ChatRequest:
     """True when this request may be merged with others into one HTTP call
     (no tools, no streaming, single turn); set by the caller, used by the
     scheduler only if the backend supports `complete_batch`."""
+    route_key: str | None = None
+    """Which replica should serve it: an `EndpointPool` sends equal keys to one
+    replica, so a conversation finds its cached prefix. Set where the request is
+    built (`"sibling:<id>"` inside a fan_out sibling; `Scheduler.submit` fills
+    it from its `sibling`); None routes by the conversation's opening messages."""
+
+
+def sibling_route_key(sibling_id: object) -> str:
+    """The `route_key` of every request of one sibling."""
+    return f"sibling:{sibling_id}"
 
 
 @dataclass(**_DC_KWARGS)

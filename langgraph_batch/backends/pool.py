@@ -4,8 +4,11 @@ Replicas of one model each keep their own prefix (KV) cache. A sibling's
 turn 2 re-sends turn 1's whole conversation; it is a cache hit only on the
 replica that served turn 1. A round-robin balancer scatters a sibling's turns
 over all replicas and recomputes the prefix almost every time; the pool
-instead routes every call of one sibling (or, outside a fan_out, every call
-with the same system + first user message) to the same replica.
+instead routes every call with the same `ChatRequest.route_key` (every call of
+one fan_out sibling) or, without one, the same system + first user message,
+to the same replica. The key is data on the request, set where it is built:
+the pool reads no context variable, so requests the scheduler merges into one
+batch route exactly as they would alone.
 
 Routing (`routing="affinity"`, the default) is consistent hashing with
 bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018): a key's replica is
@@ -13,9 +16,6 @@ the first one clockwise on a hash ring whose in-flight count stays within
 `ceil(load_factor * average)`; a hot replica overflows to the next one on the
 ring. The chosen replica is remembered per key in a bounded LRU, so later
 turns stick to it even when the walk moved the key off its ring position.
-Calls the scheduler's runner merges into one `complete_batch` (turn-1,
-tool-free prompts) run outside the sibling's context: they route by prefix
-and leave an alias that the sibling's later turns follow.
 
 A replica that fails with `BackendConnectionError` is marked down for a
 cooldown (doubling per consecutive failure) and the call moves to another
@@ -46,7 +46,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
-from langgraph_batch._context import current_sibling
 from langgraph_batch.backends.base import (
     Backend,
     BackendCapabilities,
@@ -104,11 +103,11 @@ def prefix_key(request: ChatRequest) -> str:
 
 
 def affinity_key(request: ChatRequest) -> str:
-    """The routing key of a request: its sibling, else its conversation prefix.
+    """The routing key of a request: its `route_key`, else its conversation prefix.
 
-    Inside a fan_out sibling (`current_sibling()` is set) the key is the
-    sibling id, so all its turns share a replica. Otherwise it is
-    `prefix_key(request)`.
+    A fan_out sibling's requests carry `route_key="sibling:<id>"`, so all its
+    turns share a replica (siblings with the same opening messages do not
+    all follow the first one). Otherwise the key is `prefix_key(request)`.
 
     Args:
         request: the call to route.
@@ -116,10 +115,7 @@ def affinity_key(request: ChatRequest) -> str:
     Returns:
         A string key; equal keys route to the same replica.
     """
-    sibling = current_sibling()
-    if sibling is not None:
-        return f"sibling:{sibling.sibling_id}"
-    return prefix_key(request)
+    return request.route_key or prefix_key(request)
 
 
 class _Replica:
@@ -266,13 +262,8 @@ class EndpointPool(Backend):
             url=self.base_url,
         )
 
-    def _pick(self, request: ChatRequest, exclude: set[int], *, batched: bool = False) -> _Replica:
+    def _pick(self, request: ChatRequest, exclude: set[int]) -> _Replica:
         """Choose the replica for `request`, skipping `exclude` and down replicas.
-
-        `batched` calls run in the scheduler's runner task, whose context
-        variables are not the caller's: they route by prefix only and leave
-        a prefix alias that the conversation's later per-sibling calls follow,
-        so both paths agree on the replica.
 
         Raises:
             BackendError: every replica is down or excluded.
@@ -285,59 +276,24 @@ class EndpointPool(Backend):
         if self.routing == "least_loaded":
             start = next(self._rr)
             return min(up, key=lambda r: (r.inflight, (r.index - start) % len(self._replicas)))
-        prefix = prefix_key(request)
-        batch_alias = f"batch:{prefix}"
-        if batched:
-            # Turn-1 requests merged by the runner: follow an earlier call of the
-            # same conversation only within the load bound, and leave an alias
-            # for the conversation's later (per-sibling) turns.
-            return self._pick_affinity(
-                up, [(batch_alias, False), (prefix, False)], ring_key=prefix, record=[batch_alias]
-            )
-        sibling = current_sibling()
-        if sibling is None:
-            return self._pick_affinity(
-                up, [(prefix, True), (batch_alias, True)], ring_key=prefix, record=[prefix]
-            )
-        sib = f"sibling:{sibling.sibling_id}"
-        # Not the plain prefix key: siblings with the same opening messages
-        # would all follow the first one. A batch alias is handed to one
-        # sibling only (consumed), so it may stick whatever the load.
-        return self._pick_affinity(
-            up, [(sib, True), (batch_alias, True)], ring_key=sib, record=[sib], consume=True
-        )
+        return self._pick_affinity(up, affinity_key(request))
 
-    def _pick_affinity(
-        self,
-        up: list[_Replica],
-        lookup: list[tuple[str, bool]],
-        *,
-        ring_key: str,
-        record: list[str],
-        consume: bool = False,
-    ) -> _Replica:
+    def _pick_affinity(self, up: list[_Replica], key: str) -> _Replica:
         """Consistent hashing with bounded loads, behind a remembered-key LRU.
 
-        Each `(key, sticky)` of `lookup` that is remembered (and whose replica
-        is up) wins: whatever its load when `sticky`, else only within the
-        load bound. Otherwise walk the ring from `ring_key`. The choice is
-        remembered under every key of `record`; with `consume`, a followed
-        key outside `record` is forgotten.
+        A remembered key whose replica is up keeps it, whatever its load (its
+        prefix is cached there). Otherwise walk the ring from the key to the
+        first replica within the load bound, and remember it.
         """
         up_ids = {r.index for r in up}
+        remembered = self._affinity.get(key)
+        if remembered is not None and remembered in up_ids:
+            self._remember(key, remembered)
+            return self._replicas[remembered]
         total = sum(r.inflight for r in up) + 1
         capacity = math.ceil(self.load_factor * total / len(up))
-        for key, sticky in lookup:
-            remembered = self._affinity.get(key)
-            if remembered is None or remembered not in up_ids:
-                continue
-            if sticky or self._replicas[remembered].inflight + 1 <= capacity:
-                if consume and key not in record:
-                    del self._affinity[key]
-                self._remember(record, remembered)
-                return self._replicas[remembered]
         n_points = len(self._ring_hashes)
-        start = bisect.bisect_left(self._ring_hashes, _hash64(ring_key))
+        start = bisect.bisect_left(self._ring_hashes, _hash64(key))
         chosen: _Replica | None = None
         seen: set[int] = set()
         for step in range(n_points):
@@ -352,13 +308,12 @@ class EndpointPool(Backend):
                 break
         if chosen is None:  # unreachable with load_factor >= 1; keep a safe answer
             chosen = min(up, key=lambda r: r.inflight)
-        self._remember(record, chosen.index)
+        self._remember(key, chosen.index)
         return chosen
 
-    def _remember(self, keys: list[str], index: int) -> None:
-        for key in keys:
-            self._affinity[key] = index
-            self._affinity.move_to_end(key)
+    def _remember(self, key: str, index: int) -> None:
+        self._affinity[key] = index
+        self._affinity.move_to_end(key)
         while len(self._affinity) > self.max_affinity_keys:
             self._affinity.popitem(last=False)
 
@@ -456,7 +411,7 @@ class EndpointPool(Backend):
                     self._mark_down(replica, out[0])  # type: ignore[arg-type]
                     tried = tried | {replica.index}
                     try:
-                        replica = self._pick(part[0], tried, batched=True)
+                        replica = self._pick(part[0], tried)
                     except BackendError:
                         pass  # every replica is down: the members keep their errors
                     else:
@@ -469,7 +424,7 @@ class EndpointPool(Backend):
 
         groups: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
-            replica = self._pick(request, set(), batched=True)
+            replica = self._pick(request, set())
             # Count it now so the load bound spreads the rest of the batch.
             replica.inflight += 1
             groups.setdefault(replica.index, []).append(i)

@@ -12,7 +12,8 @@ async with Scheduler(backend, policy=BatchPolicy(max_inflight=64), name="main") 
 from __future__ import annotations
 
 from langgraph_batch.scheduler._config import BatchPolicy
-from langgraph_batch.scheduler._runner import Scheduler, SchedulerState
+from langgraph_batch.scheduler._runner import Scheduler
+from langgraph_batch.scheduler._state import SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats
 from langgraph_batch.scheduler.registry import get_scheduler, register_scheduler, scheduler_for
 

@@ -16,15 +16,17 @@ Messages never carry credentials: errors hold URLs and request ids only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from typing import Any
 
 from langgraph_batch._context import SiblingInfo
-from langgraph_batch.errors import SchedulerError
+from langgraph_batch.errors import BackendRateLimitError, BackendServerError, SchedulerError
 from langgraph_batch.scheduler._config import BatchPolicy
+from langgraph_batch.scheduler._item import Outcome
 
-__all__ = ("backoff", "log_failure", "log_retry", "retryable")
+__all__ = ("backoff", "log_failure", "log_retry", "outcome_of", "retryable")
 
 logger = logging.getLogger(__name__)
 
@@ -120,3 +122,14 @@ def log_failure(
         exc,
         extra=_fields(request_id, sibling, exc, attempt),
     )
+
+
+def outcome_of(exc: BaseException) -> Outcome:
+    """How a failed call ended, as the in-flight limit learns from it."""
+    if isinstance(exc, asyncio.CancelledError):
+        return Outcome.CANCELLED
+    if isinstance(exc, BackendRateLimitError):
+        return Outcome.RATE_LIMITED
+    if isinstance(exc, BackendServerError) and exc.status_code == 503:
+        return Outcome.OVERLOADED
+    return Outcome.ERROR

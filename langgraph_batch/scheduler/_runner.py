@@ -32,7 +32,6 @@ Division of work (cheapest design that keeps cancellation exact):
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 import random
@@ -51,11 +50,10 @@ from langgraph_batch.backends.base import (
     ChatRequest,
     ChatResponse,
     EngineMetrics,
+    sibling_route_key,
 )
 from langgraph_batch.errors import (
     BackendError,
-    BackendRateLimitError,
-    BackendServerError,
     BatchTimeoutError,
     MalformedToolCallError,
     SchedulerClosedError,
@@ -66,7 +64,14 @@ from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, Poli
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
 from langgraph_batch.scheduler._priority import engine_priority
-from langgraph_batch.scheduler._retry import backoff, log_failure, log_retry, retryable
+from langgraph_batch.scheduler._retry import (
+    backoff,
+    log_failure,
+    log_retry,
+    outcome_of,
+    retryable,
+)
+from langgraph_batch.scheduler._state import SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
 __all__ = ("Scheduler", "SchedulerState", "live_schedulers")
@@ -81,39 +86,6 @@ _LIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 def live_schedulers() -> list[Scheduler]:
     """Every Scheduler of the process not yet garbage-collected, in any loop or thread."""
     return list(_LIVE)
-
-
-class SchedulerState(enum.Enum):
-    """Where a `Scheduler` is in its lifecycle (like `httpx`'s `ClientState`).
-
-    Example:
-        ```python
-        s = Scheduler(backend)
-        assert s.state is SchedulerState.UNOPENED
-        async with s:
-            assert s.state is SchedulerState.OPENED
-        assert s.state is SchedulerState.CLOSED
-        ```
-    """
-
-    UNOPENED = 1
-    """Created; the runner starts on `__aenter__` or the first `submit`."""
-    OPENED = 2
-    """Running in its event loop."""
-    CLOSED = 3
-    """`aclose()` was called (or its event loop shut down); cannot be reopened."""
-    DEAD = 4
-    """The runner died; every request fails with `SchedulerDeadError`."""
-
-
-def _outcome_of(exc: BaseException) -> Outcome:
-    if isinstance(exc, asyncio.CancelledError):
-        return Outcome.CANCELLED
-    if isinstance(exc, BackendRateLimitError):
-        return Outcome.RATE_LIMITED
-    if isinstance(exc, BackendServerError) and exc.status_code == 503:
-        return Outcome.OVERLOADED
-    return Outcome.ERROR
 
 
 class Scheduler:
@@ -450,6 +422,8 @@ class Scheduler:
         if max_retries is None:
             max_retries = self._policy.max_retries
         prefix = prefix_key(request) if self._warming else None
+        if sibling is not None and request.route_key is None:
+            request = replace(request, route_key=sibling_route_key(sibling.sibling_id))
         if sibling is not None:
             item = PolicyItem(
                 turn=sibling.turn if turn is None else turn,
@@ -624,7 +598,7 @@ class Scheduler:
             else:
                 resp = await self._backend.chat(request, on_chunk=cb)
         except BaseException as exc:
-            self._release(item, _outcome_of(exc))
+            self._release(item, outcome_of(exc))
             raise
         self._release(item, Outcome.OK)
         return resp
@@ -778,7 +752,7 @@ class Scheduler:
                     item.future.set_exception(self._refusal())
             raise
         except Exception as exc:
-            outcome = _outcome_of(exc)
+            outcome = outcome_of(exc)
             for item in batch:
                 self._release(item, outcome)
                 if not item.future.done():
@@ -786,7 +760,7 @@ class Scheduler:
             return
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
-                self._release(item, _outcome_of(result))
+                self._release(item, outcome_of(result))
                 if not item.future.done():
                     item.future.set_exception(result)
             else:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from langgraph_batch.backends.base import Backend
 from langgraph_batch.scheduler._config import BatchPolicy
-from langgraph_batch.scheduler._runner import Scheduler, SchedulerState
+from langgraph_batch.scheduler._runner import Scheduler
+from langgraph_batch.scheduler._state import SchedulerState
 
 __all__ = (
     "BackendWrapper",

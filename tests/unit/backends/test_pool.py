@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from langgraph_batch.backends import (
     VLLMBackend,
     backend_from_url,
 )
+from langgraph_batch.backends.base import sibling_route_key
 from langgraph_batch.backends.pool import affinity_key
 from langgraph_batch.errors import BackendConnectionError, BackendServerError
 
@@ -129,9 +131,13 @@ def req(user: str = "hello", system: str = "sys", rid: str = "") -> ChatRequest:
     )
 
 
+def of_sibling(index: int, request: ChatRequest) -> ChatRequest:
+    """The request as a fan_out sibling's model builds it: with its route key."""
+    return replace(request, route_key=sibling_route_key(f"g/{index}"))
+
+
 async def as_sibling(pool: EndpointPool, index: int, request: ChatRequest) -> str:
-    with sibling_scope(SiblingInfo(group="g", index=index)):
-        resp = await pool.chat(request)
+    resp = await pool.chat(of_sibling(index, request))
     assert resp.content is not None
     return resp.content
 
@@ -159,8 +165,10 @@ async def test_without_sibling_the_prefix_is_the_key() -> None:
     )
     assert affinity_key(first) == affinity_key(later)
     assert affinity_key(first) != affinity_key(req("task B"))
+    assert affinity_key(of_sibling(3, first)) == "sibling:g/3"
+    # The pool reads no context variable: the key is the request's.
     with sibling_scope(SiblingInfo(group="g", index=3)):
-        assert affinity_key(first) == "sibling:g/3"
+        assert affinity_key(first) == affinity_key(later)
     a = (await pool.chat(first)).content
     assert [(await pool.chat(later)).content for _ in range(5)] == [a] * 5
 
@@ -337,7 +345,7 @@ async def test_least_loaded_picks_the_idlest_replica() -> None:
 async def test_complete_batch_groups_by_replica_and_keeps_order() -> None:
     backends = fakes(3)
     pool = EndpointPool(backends)
-    requests = [req(f"prompt {i}", rid=f"id{i}") for i in range(12)]
+    requests = [of_sibling(i, req(f"prompt {i}", rid=f"id{i}")) for i in range(12)]
     out = await pool.complete_batch(requests)
     assert [r.request_id for r in out] == [r.request_id for r in requests]
     # One complete_batch call per replica used, each within the load bound.
@@ -347,7 +355,7 @@ async def test_complete_batch_groups_by_replica_and_keeps_order() -> None:
     assert max(sizes) <= 5  # ceil(1.25 * 12 / 3)
     assert pool.inflight() == (0, 0, 0)
     # A conversation's later turns, sent by its sibling through chat (the runner
-    # batched turn 1 without the sibling's context), follow turn 1's replica.
+    # batched turn 1), follow turn 1's replica: both carry the sibling's key.
     for i, (request, first) in enumerate(zip(requests, out, strict=True)):
         later = ChatRequest(
             model="m",
@@ -359,8 +367,8 @@ async def test_complete_batch_groups_by_replica_and_keeps_order() -> None:
 
 async def test_identical_prefixes_of_different_siblings_still_spread() -> None:
     pool = EndpointPool(fakes(4))
-    # The batch leaves a prefix alias; the first sibling takes it, the rest hash.
-    batched = (await pool.complete_batch([req()]))[0].content
+    # Batched or not, a sibling's request routes on its own key.
+    batched = (await pool.complete_batch([of_sibling(0, req())]))[0].content
     assert await as_sibling(pool, 0, req()) == batched
     counts = Counter([await as_sibling(pool, i, req()) for i in range(1, 401)])
     assert len(counts) == 4, counts
@@ -486,3 +494,20 @@ async def test_url_with_host_list_builds_a_pool() -> None:
         backend_from_url("vllm://h1:8000,,h2:8000")
     with pytest.raises(ValueError, match="comma-separated"):
         backend_from_url("ftp://h1")
+
+
+async def test_the_route_key_is_set_where_requests_are_built() -> None:
+    from langgraph_batch.chat_model import BatchedChatModel
+    from langgraph_batch.scheduler import Scheduler
+
+    backend = FakeBackend("a")
+    info = SiblingInfo(group="g", index=7)
+    # Scheduler.submit fills it from its sibling argument...
+    async with Scheduler(backend) as scheduler:
+        await scheduler.submit(req(), sibling=info)
+        # ...and the chat model from the sibling it runs in.
+        llm = BatchedChatModel(model="m", scheduler=scheduler)
+        with sibling_scope(info):
+            await llm.ainvoke("hi")
+        await llm.ainvoke("hi")
+    assert [r.route_key for r in backend.calls] == ["sibling:g/7", "sibling:g/7", None]
