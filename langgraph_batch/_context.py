@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 __all__ = (
     "Admission",
@@ -68,7 +68,6 @@ class SiblingInfo:
     left: Callable[[], int] | None = None
     """How many siblings of the run have not finished yet (the run's counter,
     shared by its siblings). None: unknown (the sibling runs outside a fan_out)."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def siblings_left(self) -> int:

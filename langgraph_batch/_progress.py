@@ -193,7 +193,7 @@ class ProgressBar:
         if state.stats:
             parts.extend(
                 f"{key} {state.stats[key]}"
-                for key in ("queued", "queue_depth", "inflight", "in_flight")
+                for key in ("queued", "in_flight")  # SchedulerStats' names
                 if isinstance(state.stats.get(key), int | float)
             )
         if state.finished:

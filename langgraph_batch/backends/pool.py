@@ -57,7 +57,7 @@ from langgraph_batch.backends.base import (
 )
 from langgraph_batch.errors import BackendConnectionError, BackendError
 
-__all__ = ("EndpointPool", "Routing", "affinity_key", "prefix_key")
+__all__ = ("EndpointPool", "Routing", "affinity_key", "conversation_key")
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _content_text(message: Any) -> str:
     return json.dumps(content, sort_keys=True, default=str)
 
 
-def prefix_key(request: ChatRequest) -> str:
+def conversation_key(request: ChatRequest) -> str:
     """A hash of the request's model, first system message and first user message.
 
     Every later turn of a conversation repeats these, so the key names the
@@ -86,7 +86,8 @@ def prefix_key(request: ChatRequest) -> str:
         request: the call to route.
 
     Returns:
-        `"prefix:<hex>"`.
+        `"prefix:<hex>"`. (Not the scheduler's `prefix_key`, which hashes the
+        shared system + tools prefix for prefix warming.)
     """
     system = user = ""
     for message in request.messages:
@@ -107,7 +108,7 @@ def affinity_key(request: ChatRequest) -> str:
 
     A fan_out sibling's requests carry `route_key="sibling:<id>"`, so all its
     turns share a replica (siblings with the same opening messages do not
-    all follow the first one). Otherwise the key is `prefix_key(request)`.
+    all follow the first one). Otherwise the key is `conversation_key(request)`.
 
     Args:
         request: the call to route.
@@ -115,7 +116,7 @@ def affinity_key(request: ChatRequest) -> str:
     Returns:
         A string key; equal keys route to the same replica.
     """
-    return request.route_key or prefix_key(request)
+    return request.route_key or conversation_key(request)
 
 
 class _Replica:

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
 
 __all__ = ("DEFAULT_KV_HEADROOM", "AdmissionStats", "SiblingAdmission")
 
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_KV_HEADROOM = 0.85
 """Share of the server's KV capacity the resident siblings may fill."""
 
-_DEFAULT_SIBLING_TOKENS = 4096
+_DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
 _ESTIMATE_QUANTILE = 0.9
 
 _Waiter = tuple[str, "asyncio.Future[None]", SiblingInfo]

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
+from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
 from langgraph_batch.scheduler.registry import loop_schedulers
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
 
 logger = logging.getLogger("langgraph_batch.nodes.fan_out")
 
-DEFAULT_SIBLING_TOKENS = 4096
-"""Estimated KV working set of one sibling before any has finished (sizes `max_active`)."""
+DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
+"""Estimated KV working set of one sibling before any has finished (sizes `max_active`):
+the scheduler's `CONTEXT_TOKENS_PRIOR`."""
 
 _METRICS_TIMEOUT_S = 2.0
 """How long a fan_out waits for the server's metrics to size `max_active`."""
@@ -138,13 +140,6 @@ class FanOutSpec:
         if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
             return capacity
         return None
-
-    async def resolve_max_active(self, scheduler: Any) -> int | None:
-        """The starting cap: explicit, else KV capacity // sibling_tokens, else None."""
-        if self.max_active is not None:
-            return self.max_active
-        capacity = await self.resolve_kv_capacity(scheduler)
-        return None if capacity is None else max(1, capacity // self.sibling_tokens)
 
     async def size_later(self, admission: SiblingAdmission, run_done: asyncio.Event) -> None:
         """Find the scheduler the first sibling's model created, then size the gate.

@@ -11,6 +11,10 @@ from typing import Any, Literal
 __all__ = ("BatchPolicy", "PrefixWarming", "PriorityMode")
 
 PriorityMode = Literal["depth_first", "las", "fifo"]
+CONTEXT_TOKENS_PRIOR = 4096
+"""The one estimate of an agent's KV working set (tokens) before the server says
+more: what `BatchPolicy.kv_tokens_per_request` sizes the starting limit with and
+what fan_out's admission assumes per sibling until siblings finish."""
 _PRIORITY_MODES: tuple[str, ...] = ("depth_first", "las", "fifo")
 
 PrefixWarming = Literal["auto", "on", "off"]
@@ -68,7 +72,7 @@ class BatchPolicy:
     increase_step: float = 4.0
     """Slots added per metrics sample that shows the server has no queue while
     we are limit-bound (after slow start)."""
-    kv_tokens_per_request: int | None = 4096
+    kv_tokens_per_request: int | None = CONTEXT_TOKENS_PRIOR
     """With engine metrics: KV-cache tokens one request is expected to hold.
     The first sample reporting `kv_capacity_tokens` raises the starting limit to
     capacity / this (clamped to the hard cap) during slow start (None: off)."""

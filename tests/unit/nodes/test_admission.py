@@ -267,9 +267,7 @@ async def test_default_max_active_comes_from_kv_capacity() -> None:
     assert started["max_active"] == 4
     assert started["stats"] == {"queued": 4, "in_flight": 7}
     no_sched = fan_out(agent, items="xs", into="out", make_input=msg_input)
-    assert await no_sched.spec.resolve_max_active(None) is None
-    explicit = fan_out(agent, items="xs", into="out", max_active=9, scheduler=FakeScheduler())
-    assert await explicit.spec.resolve_max_active(FakeScheduler()) == 9
+    assert await no_sched.spec.resolve_kv_capacity(None) is None
 
 
 class FakeBackend:
@@ -294,10 +292,10 @@ class UnpolledScheduler:
 async def test_kv_capacity_is_fetched_when_not_polled_yet() -> None:
     node = fan_out(hand_built_agent(ScriptedChatModel(), []), items="xs", into="out")
     backend = FakeBackend(FakeMetrics())
-    assert await node.spec.resolve_max_active(UnpolledScheduler(backend)) == 40_000 // 4096
+    assert await node.spec.resolve_kv_capacity(UnpolledScheduler(backend)) == 40_000
     assert backend.calls == 1
     from langgraph_batch.errors import BackendConnectionError
 
     broken = FakeBackend(BackendConnectionError("refused"))
-    assert await node.spec.resolve_max_active(UnpolledScheduler(broken)) is None
-    assert await node.spec.resolve_max_active(UnpolledScheduler(FakeBackend(None))) is None
+    assert await node.spec.resolve_kv_capacity(UnpolledScheduler(broken)) is None
+    assert await node.spec.resolve_kv_capacity(UnpolledScheduler(FakeBackend(None))) is None
