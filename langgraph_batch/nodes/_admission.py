@@ -135,6 +135,8 @@ class SiblingAdmission:
         self._fresh: collections.deque[_Waiter] = collections.deque()
         self._returning: collections.deque[_Waiter] = collections.deque()
         self._peak = 0
+        self.first_resident = asyncio.Event()
+        """Set when the first sibling becomes resident (the run has started work)."""
 
     @property
     def max_active(self) -> int | None:
@@ -250,6 +252,7 @@ class SiblingAdmission:
         self._holders.add(sibling_id)
         if sibling is not None:
             self._resident[sibling_id] = sibling
+            self.first_resident.set()
         self._peak = max(self._peak, len(self._holders))
 
     async def acquire(self, sibling: SiblingInfo, *, returning: bool) -> None:

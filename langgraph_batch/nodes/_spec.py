@@ -7,7 +7,6 @@ building the admission gate.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence, Set
@@ -16,7 +15,7 @@ from typing import Any, Literal
 
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
 from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
-from langgraph_batch.scheduler.registry import loop_schedulers
+from langgraph_batch.scheduler.registry import loop_schedulers, scheduler_created
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
 
@@ -31,10 +30,8 @@ _METRICS_TIMEOUT_S = 2.0
 
 
 _DISCOVER_TIMEOUT_S = 1.0
-"""How long after its first sibling started a fan_out without `scheduler=` looks for the
+"""How long after its first sibling started a fan_out without `scheduler=` waits for the
 scheduler its siblings' models create (admitting one sibling meanwhile)."""
-
-_DISCOVER_POLL_S = 0.02
 
 
 async def fetch_kv_capacity(scheduler: Any) -> int | None:
@@ -56,6 +53,38 @@ def loop_scheduler() -> Any:
     """The one open scheduler the model calls created in the running loop, if exactly one."""
     found = loop_schedulers()
     return found[0] if len(found) == 1 else None
+
+
+async def _discover_scheduler(admission: SiblingAdmission, run_done: asyncio.Event) -> Any:
+    """The one scheduler of the running loop, once a model creates it (None: gave up).
+
+    The registry announces each scheduler it creates (`scheduler_created`):
+    nothing polls. A loop with several schedulers is ambiguous (None at the
+    deadline), as is one where no model of the run creates any.
+    """
+    loop = asyncio.get_running_loop()
+    ended = loop.create_task(run_done.wait())
+    started = loop.create_task(admission.first_resident.wait())
+    deadline: asyncio.Task[None] | None = None
+    created: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            found = loop_scheduler()
+            if found is not None:
+                return found
+            created = scheduler_created()
+            waits: set[asyncio.Future[Any]] = {created, ended}
+            waits.add(deadline if deadline is not None else started)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if ended in done or (deadline is not None and deadline in done):
+                return None
+            if deadline is None and started in done:
+                # The grace period starts when the first sibling runs.
+                deadline = loop.create_task(asyncio.sleep(_DISCOVER_TIMEOUT_S))
+    finally:
+        for task in (ended, started, deadline, created):
+            if task is not None and not task.done():
+                task.cancel()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -142,27 +171,18 @@ class FanOutSpec:
         return None
 
     async def size_later(self, admission: SiblingAdmission, run_done: asyncio.Event) -> None:
-        """Find the scheduler the first sibling's model created, then size the gate.
+        """Size the gate from the scheduler the first sibling's model creates.
 
         Runs while the gate admits one fresh sibling at a time; gives up (no
-        budget, as when the capacity is unknown) when none appears within
-        `_DISCOVER_TIMEOUT_S` or the run ends.
+        budget, as when the capacity is unknown) when no scheduler appears
+        within `_DISCOVER_TIMEOUT_S` after the first sibling started, or the
+        run ends.
         """
         capacity: int | None = None
         try:
-            loop = asyncio.get_running_loop()
-            deadline: float | None = None
-            while not run_done.is_set() and (deadline is None or loop.time() < deadline):
-                if deadline is None and admission.stats().resident:
-                    # The grace period starts when the first sibling runs.
-                    deadline = loop.time() + _DISCOVER_TIMEOUT_S
-                found = loop_scheduler()
-                if found is not None:
-                    capacity = await self.resolve_kv_capacity(found)
-                    break
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_DISCOVER_POLL_S):
-                        await run_done.wait()
+            found = await _discover_scheduler(admission, run_done)
+            if found is not None:
+                capacity = await self.resolve_kv_capacity(found)
         finally:
             admission.set_kv_capacity(capacity, kv_headroom=self.kv_headroom)
 

@@ -34,6 +34,7 @@ __all__ = (
     "known_schedulers",
     "loop_schedulers",
     "register_scheduler",
+    "scheduler_created",
     "scheduler_for",
     "set_backend_wrapper",
     "unregister_scheduler",
@@ -58,6 +59,10 @@ _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Schedul
 _names_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, str]] = (
     weakref.WeakKeyDictionary()
 )
+# loop -> futures waiting for the next scheduler scheduler_for creates there.
+_created_waiters: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, list[asyncio.Future[Scheduler]]
+] = weakref.WeakKeyDictionary()
 # Process-wide names: explicit instances and recipes.
 _instances: dict[str, Scheduler] = {}
 _recipes: dict[str, _Recipe] = {}
@@ -152,22 +157,55 @@ def scheduler_for(
         if per_loop is None:
             _purge_closed_loops()
             per_loop = _by_loop[loop] = {}
-        s = per_loop.get(key)
-        if s is None or not _usable(s, loop):
+        existing = per_loop.get(key)
+        waiters: list[asyncio.Future[Scheduler]] | None = None
+        if existing is not None and _usable(existing, loop):
+            s = existing
+        else:
             backend = backend_factory()
             if _backend_wrapper is not None:
                 backend = _backend_wrapper(backend)
             s = Scheduler(backend, policy=policy, name=name or key, owns_backend=True)
             per_loop[key] = s
+            waiters = _created_waiters.pop(loop, None)
         if name is not None:
             _names_by_loop.setdefault(loop, {})[name] = key
             if backend_key is not None and recipe is None and s.backend.key != backend_key:
+                _wake(waiters, s)
                 raise ValueError(
                     f"scheduler {name!r} was created for {s.backend.key}, but this caller "
                     f"uses {backend_key}: callers that share a scheduler share its endpoint "
                     "and credentials. Use another scheduler name, or register_scheduler(...)."
                 )
-        return s
+        _wake(waiters, s)
+    return s
+
+
+def _wake(waiters: list[asyncio.Future[Scheduler]] | None, scheduler: Scheduler) -> None:
+    for waiter in waiters or ():
+        if not waiter.done():
+            waiter.set_result(scheduler)
+
+
+def scheduler_created() -> asyncio.Future[Scheduler]:
+    """A future that the next scheduler `scheduler_for` creates in the running loop resolves.
+
+    How `fan_out` without `scheduler=` learns of the scheduler its first
+    sibling's model creates (a push: nothing polls). Cancel it to stop waiting.
+
+    Example:
+        ```python
+        created = scheduler_created()
+        scheduler = await asyncio.wait_for(created, timeout=1.0)
+        ```
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Scheduler] = loop.create_future()
+    with _lock:
+        waiters = _created_waiters.setdefault(loop, [])
+        waiters[:] = [w for w in waiters if not w.done()]  # cancelled waits leave
+        waiters.append(future)
+    return future
 
 
 def register_scheduler(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import operator
 from collections import Counter
+from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -247,3 +248,27 @@ async def test_cancelling_mid_run_leaves_no_task_and_no_queued_request(
     await asyncio.sleep(0)
     leftover = {t for t in asyncio.all_tasks() - before if not t.done()}
     assert leftover == set(), [t.get_name() for t in leftover]
+
+
+async def test_without_scheduler_the_gate_is_sized_by_the_server_the_models_found(
+    start_emulator: Callable[..., str],
+) -> None:
+    # A server with room for ~3 siblings' estimated KV: fan_out has no scheduler=,
+    # learns of the one its first sibling's model creates (pushed by the
+    # registry, nothing polls), reads the capacity and holds the run to it.
+    url = await asyncio.to_thread(start_emulator, kv_tokens=3 * 4096 + 100, time_scale=1.0)
+    box: list[Probe] = []
+    agent, llm = build(url, box)
+
+    class Lazy:  # the probe's view of the scheduler, resolved only once a tool runs
+        def inflight_by_sibling(self) -> dict[str, int]:
+            return llm.get_scheduler().inflight_by_sibling()
+
+    box.append(Probe(Lazy()))  # type: ignore[arg-type]
+    events: list[dict[str, Any]] = []
+    async for data in parent_graph(agent).astream({"docs": docs(12)}, stream_mode="custom"):
+        if isinstance(data, dict) and data.get("type") == "lgb.fan_out":
+            events.append(data)
+    done = events[-1]
+    assert (done["event"], done["done"], done["failed"]) == ("done", 12, 0)
+    assert 1 <= done["peak_active"] <= 3

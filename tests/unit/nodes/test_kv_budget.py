@@ -277,10 +277,16 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create(
     # The registry's view of the loop: the scheduler appears once a model call made it.
     monkeypatch.setattr(spec_module, "loop_schedulers", lambda: list(created))
 
+    from langgraph_batch.scheduler import registry
+
     async def work(state: S) -> S:
-        # Like a model call: the first one "creates" the loop's scheduler.
+        # Like a model call: the first one "creates" the loop's scheduler, and the
+        # registry announces it to whoever waits (fan_out's sizer: no polling).
         if not created:
             created.append(Sched())
+            with registry._lock:
+                waiters = registry._created_waiters.pop(asyncio.get_running_loop(), None)
+            registry._wake(waiters, created[0])  # type: ignore[arg-type]
         live["now"] += 1
         live["peak"] = max(live["peak"], live["now"])
         await asyncio.sleep(0.05)

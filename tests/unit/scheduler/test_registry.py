@@ -174,3 +174,24 @@ async def test_named_registration_wins_over_scheduler_for_arguments() -> None:
     assert scheduler_for(key="whatever", backend_factory=InstantBackend, name="explicit") is inst
     await from_model.aclose()
     await inst.aclose()
+
+
+async def test_scheduler_created_announces_the_next_scheduler_of_the_loop() -> None:
+    from langgraph_batch.scheduler.registry import scheduler_created
+
+    backend = InstantBackend()
+    first = scheduler_created()
+    abandoned = scheduler_created()
+    abandoned.cancel()  # a waiter that gave up is skipped, not an error
+    assert not first.done()
+    made = scheduler_for(key="announce", backend_factory=lambda: backend)
+    assert await asyncio.wait_for(first, 1.0) is made
+    # Reusing the scheduler announces nothing; the next one created does.
+    later = scheduler_created()
+    assert scheduler_for(key="announce", backend_factory=lambda: backend) is made
+    await asyncio.sleep(0)
+    assert not later.done()
+    other = scheduler_for(key="announce-2", backend_factory=InstantBackend)
+    assert await asyncio.wait_for(later, 1.0) is other
+    await made.aclose()
+    await other.aclose()
