@@ -25,28 +25,10 @@ DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
 """Estimated KV working set of one sibling before any has finished (sizes `max_active`):
 the scheduler's `CONTEXT_TOKENS_PRIOR`."""
 
-_METRICS_TIMEOUT_S = 2.0
-"""How long a fan_out waits for the server's metrics to size `max_active`."""
-
 
 _DISCOVER_TIMEOUT_S = 1.0
 """How long after its first sibling started a fan_out without `scheduler=` waits for the
 scheduler its siblings' models create (admitting one sibling meanwhile)."""
-
-
-async def fetch_kv_capacity(scheduler: Any) -> int | None:
-    """Ask the scheduler's backend for its KV capacity when no metrics were polled yet."""
-    backend = getattr(scheduler, "backend", None)
-    if backend is None or not callable(getattr(backend, "metrics", None)):
-        return None
-    try:
-        async with asyncio.timeout(_METRICS_TIMEOUT_S):
-            metrics = await backend.metrics()
-    except Exception:  # unknown capacity means no cap, never a failed run
-        logger.debug("fan_out: could not read the server's KV capacity", exc_info=True)
-        return None
-    capacity = getattr(metrics, "kv_capacity_tokens", None)
-    return capacity if isinstance(capacity, int) else None
 
 
 def loop_scheduler() -> Any:
@@ -162,10 +144,19 @@ class FanOutSpec:
         return sched
 
     async def resolve_kv_capacity(self, scheduler: Any) -> int | None:
-        """The server's KV capacity in tokens, or None when unknown."""
-        capacity = getattr(getattr(scheduler, "latest_metrics", None), "kv_capacity_tokens", None)
-        if capacity is None:
-            capacity = await fetch_kv_capacity(scheduler)
+        """The server's KV capacity in tokens, as its scheduler knows it (None: unknown).
+
+        The scheduler owns it (`Scheduler.kv_capacity`); a custom scheduler
+        without that method gives no KV budget.
+        """
+        ask = getattr(scheduler, "kv_capacity", None)
+        if not callable(ask):
+            return None
+        try:
+            capacity = await ask()
+        except Exception:  # unknown capacity means no budget, never a failed run
+            logger.debug("fan_out: the scheduler could not say its KV capacity", exc_info=True)
+            return None
         if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
             return capacity
         return None

@@ -548,8 +548,8 @@ def fan_out(
             finished, with all errors attached). A failed sibling counts as
             finished: resuming the thread does not run it again.
         max_active: most siblings ACTIVE (not waiting, not in a tool) at once.
-            Default: the server's KV capacity (`scheduler.latest_metrics.
-            kv_capacity_tokens`) divided by the estimated sibling context
+            Default: the server's KV capacity (`Scheduler.kv_capacity()`,
+            from its metrics) divided by the estimated sibling context
             (`sibling_tokens`, then learned from finished siblings), or no
             cap when the capacity is unknown. With a known capacity, fresh
             siblings are also admitted only while the resident siblings'

@@ -60,6 +60,7 @@ from langgraph_batch.errors import (
     SchedulerDeadError,
     SchedulerError,
 )
+from langgraph_batch.scheduler._capacity import read_kv_capacity
 from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
@@ -183,6 +184,13 @@ class Scheduler:
         """The last `EngineMetrics` polled from the backend (None: none yet)."""
         return self._core.latest_metrics
 
+    async def kv_capacity(self) -> int | None:
+        """The server's KV-cache capacity in tokens (None: the server does not say).
+
+        From the last metrics sample, else one metrics call (`_capacity`).
+        """
+        return await read_kv_capacity(self._core.latest_metrics, self._backend)
+
     def inflight_by_sibling(self) -> dict[str, int]:
         """Requests on the wire now, per sibling id (siblings with none are absent).
 
@@ -194,11 +202,7 @@ class Scheduler:
         return {str(k): v for k, v in self._core.inflight_by_sibling().items()}
 
     def load(self) -> tuple[int, int, int, int | None]:
-        """`(queued, in_flight, limit, decode_cap)` now: cheap, safe from any thread.
-
-        What `langgraph_batch.metrics` reads at each scrape (`stats()` has
-        these and the history).
-        """
+        """`(queued, in_flight, limit, decode_cap)` now; cheap, from any thread (scrapes)."""
         core = self._core
         return core.queued, core.in_flight, core.limit, core.decode_limit
 

@@ -244,6 +244,9 @@ class FakeMetrics:
 class FakeScheduler:
     latest_metrics = FakeMetrics()
 
+    async def kv_capacity(self) -> int:
+        return FakeMetrics.kv_capacity_tokens
+
     def stats(self) -> dict[str, Any]:
         return {"queued": 4, "in_flight": 7, "nested": {"x": 1}}
 
@@ -268,34 +271,3 @@ async def test_default_max_active_comes_from_kv_capacity() -> None:
     assert started["stats"] == {"queued": 4, "in_flight": 7}
     no_sched = fan_out(agent, items="xs", into="out", make_input=msg_input)
     assert await no_sched.spec.resolve_kv_capacity(None) is None
-
-
-class FakeBackend:
-    def __init__(self, metrics: Any) -> None:
-        self._metrics = metrics
-        self.calls = 0
-
-    async def metrics(self) -> Any:
-        self.calls += 1
-        if isinstance(self._metrics, Exception):
-            raise self._metrics
-        return self._metrics
-
-
-class UnpolledScheduler:
-    latest_metrics = None
-
-    def __init__(self, backend: FakeBackend) -> None:
-        self.backend = backend
-
-
-async def test_kv_capacity_is_fetched_when_not_polled_yet() -> None:
-    node = fan_out(hand_built_agent(ScriptedChatModel(), []), items="xs", into="out")
-    backend = FakeBackend(FakeMetrics())
-    assert await node.spec.resolve_kv_capacity(UnpolledScheduler(backend)) == 40_000
-    assert backend.calls == 1
-    from langgraph_batch.errors import BackendConnectionError
-
-    broken = FakeBackend(BackendConnectionError("refused"))
-    assert await node.spec.resolve_kv_capacity(UnpolledScheduler(broken)) is None
-    assert await node.spec.resolve_kv_capacity(UnpolledScheduler(FakeBackend(None))) is None

@@ -264,6 +264,9 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create(
     class Sched:
         latest_metrics = Metrics()
 
+        async def kv_capacity(self) -> int:
+            return Metrics.kv_capacity_tokens
+
     class S(TypedDict, total=False):
         x: int
         peak: int

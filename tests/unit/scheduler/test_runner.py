@@ -607,3 +607,23 @@ async def test_decode_cap_rounds_up_for_what_a_fan_out_run_has_left() -> None:
         backend.gate.set()
         await asyncio.gather(*tasks)
     assert backend.max_running == 20
+
+
+async def test_the_scheduler_owns_the_servers_kv_capacity() -> None:
+    from langgraph_batch.errors import BackendConnectionError
+    from tests.unit.scheduler._fakes import MetricsBackend
+
+    # Not polled yet: one metrics call answers, then the polled sample does.
+    backend = MetricsBackend(EngineMetrics(kv_capacity_tokens=40_000), open_gate=True)
+    scheduler = Scheduler(backend)
+    assert await scheduler.kv_capacity() == 40_000
+    assert backend.polls == 1
+    # A server that cannot be reached, or does not say, has an unknown capacity.
+    broken = MetricsBackend(EngineMetrics(), open_gate=True)
+
+    async def refuse() -> EngineMetrics:
+        raise BackendConnectionError("refused")
+
+    broken.metrics = refuse  # type: ignore[method-assign]
+    assert await Scheduler(broken).kv_capacity() is None
+    assert await Scheduler(MetricsBackend(EngineMetrics(), open_gate=True)).kv_capacity() is None
