@@ -23,8 +23,13 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
 
 ## Lint, type check and the whole suite (unit, standard, integration).
+# The suite takes ~7 min on 2 cores. A hang that escapes pytest-timeout (seen
+# twice, in an event loop's teardown) prints every thread's stack after 120 s
+# (pytest's faulthandler_timeout) and the watchdog then fails the run (SIGINT,
+# then SIGKILL) instead of leaving an idle CI job.
+SUITE_TIMEOUT ?= 1500
 test: $(VENV)/.installed redis-server lint type
-	$(PY) -m pytest tests -q -p no:cacheprovider
+	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider
 
 # The distributed-mode tests start real redis-server processes: install it when
 # missing (Debian/Ubuntu, as root or through sudo). They fail, not skip, without it.
