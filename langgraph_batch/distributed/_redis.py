@@ -12,6 +12,7 @@ holder ids), never a counter.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 __all__ = (
@@ -19,6 +20,7 @@ __all__ = (
     "CONNECTION_ERRORS",
     "RESPONSE_ERRORS",
     "connect",
+    "raise_if_cancel_requested",
     "redis_asyncio",
     "safe_url",
 )
@@ -48,6 +50,20 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = _connection_errors()
 
 CLEANUP_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, *CONNECTION_ERRORS)
 """What a time-limited cleanup call may raise."""
+
+
+def raise_if_cancel_requested() -> None:
+    """Raise `CancelledError` when this task was asked to stop and the request got lost.
+
+    Seen in the suite: a task cancelled during a redis-py call went on with
+    the call's normal reply and `Task.cancelling() == 1`, so a polling loop
+    (waiting for a lease) polled forever and its canceller waited forever. Every
+    loop that waits on Redis again calls this first: a pending cancellation
+    request always ends the loop.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _response_errors() -> tuple[type[BaseException], ...]:

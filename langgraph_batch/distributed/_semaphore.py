@@ -38,7 +38,11 @@ from langgraph_batch.backends.base import (
     ModelInfo,
 )
 from langgraph_batch.distributed._keys import semaphore_key
-from langgraph_batch.distributed._redis import CLEANUP_ERRORS, CONNECTION_ERRORS
+from langgraph_batch.distributed._redis import (
+    CLEANUP_ERRORS,
+    CONNECTION_ERRORS,
+    raise_if_cancel_requested,
+)
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.errors import RedisUnavailableError
 
@@ -119,6 +123,7 @@ class RedisSemaphore:
                         down_s=now - down_since,
                     ) from exc
                 delay = max(delay, 0.1)
+            raise_if_cancel_requested()
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.1)
 

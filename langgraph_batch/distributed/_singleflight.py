@@ -31,7 +31,11 @@ from typing import Any
 
 from langgraph_batch._context import current_sibling
 from langgraph_batch.distributed._keys import RunKeys
-from langgraph_batch.distributed._redis import CLEANUP_ERRORS, CONNECTION_ERRORS
+from langgraph_batch.distributed._redis import (
+    CLEANUP_ERRORS,
+    CONNECTION_ERRORS,
+    raise_if_cancel_requested,
+)
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.distributed._serde import Serde
 from langgraph_batch.errors import DistributedError
@@ -133,6 +137,7 @@ class RedisFlightStore:
         lock, res = run.flight(digest)
         token = uuid.uuid4().hex
         while True:
+            raise_if_cancel_requested()
             try:
                 state, payload = await self._acquire(run, lock, res, token, ttl_ms)
                 if state == "done":

@@ -49,7 +49,13 @@ from langgraph_batch.distributed._keys import (
     new_run_id,
     sibling_group,
 )
-from langgraph_batch.distributed._redis import CLEANUP_ERRORS, CONNECTION_ERRORS, connect, safe_url
+from langgraph_batch.distributed._redis import (
+    CLEANUP_ERRORS,
+    CONNECTION_ERRORS,
+    connect,
+    raise_if_cancel_requested,
+    safe_url,
+)
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.distributed._serde import DEFAULT_MAX_PAYLOAD_BYTES, Serde
 from langgraph_batch.errors import (
@@ -492,6 +498,7 @@ class _ParentRun:
         # No worker took any sibling within two leases: say so, once (the run waits on).
         idle_warning_at: float | None = loop.time() + 2 * self.ex.lease_s
         while len(self.known) < len(self.payloads):
+            raise_if_cancel_requested()
             if idle_warning_at is not None and loop.time() >= idle_warning_at:
                 idle_warning_at = None
                 if not self.started and not self.known:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any, cast
@@ -210,3 +211,41 @@ async def test_registry_backend_wrapper_wraps_new_schedulers() -> None:
     plain = registry.scheduler_for(key="k-plain", backend_factory=_Inner)
     assert isinstance(plain.backend, _Inner)
     registry._by_loop.clear()
+
+
+class _AbsorbingScripts:
+    """Lease scripts whose acquire absorbs a cancellation and answers "no lease" (0),
+    as a redis-py call was seen to do: the caller's task keeps `cancelling() == 1`."""
+
+    def __init__(self) -> None:
+        self.acquires = 0
+        self.released: list[Any] = []
+
+    async def sem_acquire(self, *, keys: Any, args: Any) -> int:
+        self.acquires += 1
+        with contextlib.suppress(asyncio.CancelledError):  # the lost cancellation
+            await asyncio.sleep(0.01)
+        return 0
+
+    async def sem_release(self, *, keys: Any, args: Any) -> int:
+        self.released.append(args)
+        return 1
+
+
+async def test_a_cancelled_lease_wait_ends_even_when_a_call_absorbs_the_cancel() -> None:
+    from langgraph_batch.distributed._semaphore import RedisSemaphore
+
+    scripts = _AbsorbingScripts()
+    sem = RedisSemaphore(object(), key="{lgb:sem:t}", limit=1, scripts=cast(Any, scripts))
+
+    async def wait_for_a_lease() -> None:
+        async with sem.hold():
+            raise AssertionError("no lease was granted")
+
+    waiter = asyncio.create_task(wait_for_a_lease())
+    await asyncio.sleep(0.005)  # inside the first acquire call
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiter, 2.0)
+    assert scripts.acquires == 1  # no second poll after the cancel
+    assert len(scripts.released) == 1  # the holder id is released all the same
