@@ -130,6 +130,7 @@ class RedisSemaphore:
     async def _renew(self, holders: Sequence[str]) -> None:
         warned = False
         while True:
+            raise_if_cancel_requested()
             await asyncio.sleep(self.lease_ms / 3000)
             try:
                 renewed = await self._scripts.sem_renew(

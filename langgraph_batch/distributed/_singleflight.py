@@ -172,6 +172,7 @@ class RedisFlightStore:
 
     async def _renew(self, lock: str, token: str) -> None:
         while True:
+            raise_if_cancel_requested()
             await asyncio.sleep(self.lease_ms / 3000)
             try:
                 if not int(await self._scripts.sf_renew(keys=[lock], args=[token, self.lease_ms])):

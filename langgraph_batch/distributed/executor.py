@@ -279,6 +279,7 @@ class _ParentRun:
         """Run `fn(*args)` until Redis answers, or raise when it has been down too long."""
         delay = 0.05
         while True:
+            raise_if_cancel_requested()
             try:
                 result = await fn(*args)
             except CONNECTION_ERRORS as exc:

@@ -3,12 +3,9 @@
 A worker imports one sibling graph by its import path (nothing but job
 inputs ever comes over the wire), finds the live runs of that graph in
 Redis and runs their jobs, up to `--concurrency` at once, each inside
-`sibling_scope(...)`: its `BatchedChatModel` calls share this process's
-scheduler (batching, priorities, slot release during tools), its coalesced
-tool calls are shared with the other workers of the run, `--max-active` caps how many of
-them are active (not inside a tool) at once, and, with
-`--cluster-inflight N`, its requests to each inference endpoint hold a
-lease of a cluster-wide cap.
+`sibling_scope(...)`: its model calls share this process's scheduler, its
+coalesced tool calls the run's other workers, `--max-active` caps the active
+ones, `--cluster-inflight N` caps requests per endpoint cluster-wide.
 
 The loop, per REDIS.md:
 
@@ -60,6 +57,7 @@ from langgraph_batch.distributed._redis import (
     CONNECTION_ERRORS,
     RESPONSE_ERRORS,
     connect,
+    raise_if_cancel_requested,
     safe_url,
 )
 from langgraph_batch.distributed._scripts import Scripts
@@ -289,6 +287,7 @@ class Worker:
         next_refresh = 0.0
         delay = 0.05
         while not stop.is_set():
+            raise_if_cancel_requested()
             try:
                 if loop.time() >= next_refresh:
                     await self._refresh_runs()
@@ -460,6 +459,7 @@ class Worker:
 
     async def _heartbeats(self) -> None:
         while True:
+            raise_if_cancel_requested()
             leases = [item.run.lease_ms for item in self._jobs.values()]
             await asyncio.sleep(min(leases, default=1000) / 3000)
             owned: dict[str, list[_Job]] = collections.defaultdict(list)
@@ -499,6 +499,7 @@ class Worker:
         """Run a job script, retrying while Redis is unreachable and the job is still ours."""
         delay = 0.05
         while True:
+            raise_if_cancel_requested()
             try:
                 return int(await script(keys=keys, args=args))
             except CONNECTION_ERRORS as exc:

@@ -261,13 +261,18 @@ class TtlWatch:
 @contextlib.asynccontextmanager
 async def watch_ttls(url: str, every_s: float = 0.05) -> AsyncIterator[TtlWatch]:
     """Sample every `{lgb:*` key (SCAN + PTTL) while the body runs."""
-    from langgraph_batch.distributed._redis import CONNECTION_ERRORS, connect
+    from langgraph_batch.distributed._redis import (
+        CONNECTION_ERRORS,
+        connect,
+        raise_if_cancel_requested,
+    )
 
     watch = TtlWatch()
     client = connect(url)
 
     async def sample() -> None:
         while True:
+            raise_if_cancel_requested()  # redis-py may absorb the cancel below
             with contextlib.suppress(*CONNECTION_ERRORS):
                 async for raw in client.scan_iter(match="{lgb:*", count=1000):
                     key = raw.decode()

@@ -231,6 +231,11 @@ class _AbsorbingScripts:
         self.released.append(args)
         return 1
 
+    async def sem_renew(self, *, keys: Any, args: Any) -> int:
+        with contextlib.suppress(asyncio.CancelledError):  # lost here too
+            await asyncio.sleep(0.02)
+        return len(args) - 1
+
 
 async def test_a_cancelled_lease_wait_ends_even_when_a_call_absorbs_the_cancel() -> None:
     from langgraph_batch.distributed._semaphore import RedisSemaphore
@@ -249,3 +254,20 @@ async def test_a_cancelled_lease_wait_ends_even_when_a_call_absorbs_the_cancel()
         await asyncio.wait_for(waiter, 2.0)
     assert scripts.acquires == 1  # no second poll after the cancel
     assert len(scripts.released) == 1  # the holder id is released all the same
+
+
+async def test_a_lease_renewer_stops_even_when_a_call_absorbs_its_cancel() -> None:
+    from langgraph_batch.distributed._semaphore import RedisSemaphore
+
+    class Granting(_AbsorbingScripts):
+        async def sem_acquire(self, *, keys: Any, args: Any) -> int:
+            return 1
+
+    sem = RedisSemaphore(
+        object(), key="{lgb:sem:r}", limit=1, lease_s=0.003, scripts=cast(Any, Granting())
+    )
+    async with sem.hold():
+        await asyncio.sleep(0.05)  # the renewer spends ~95% of its time inside sem_renew
+        (renewer,) = [t for t in asyncio.all_tasks() if "_renew" in repr(t.get_coro())]
+    await asyncio.wait_for(asyncio.wait({renewer}), 2.0)
+    assert renewer.cancelled()
