@@ -161,10 +161,16 @@ class FanOutRun:
     async def flush_events(self) -> None:
         """Deliver the custom events still in flight.
 
-        Bounded by `FLUSH_EVENTS_S`: a stuck handler never hangs a run.
+        Bounded by `FLUSH_EVENTS_S`: a stuck handler never hangs a run; a run
+        being cancelled drops them at once.
         """
         timeout = FLUSH_EVENTS_S
         if not self.pending:
+            return
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            for event in self.pending:
+                event.cancel()
             return
         _, late = await asyncio.wait(set(self.pending), timeout=timeout)
         for task in late:
