@@ -10,14 +10,16 @@ forced tool call.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import LanguageModelInput
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.output_parsers import (
     JsonOutputKeyToolsParser,
     JsonOutputParser,
@@ -191,19 +193,12 @@ class _StreamingJsonSchemaParser(JsonOutputParser):
         return super().parse_result(result, partial=True)
 
     def _final(self, chunks: list[Any]) -> Any:
-        merged = chunks[0]
-        for chunk in chunks[1:]:
-            merged = merged + chunk
-        if isinstance(merged, BaseMessage):
-            message = merged if isinstance(merged, AIMessage) else AIMessage(merged.content)
-            if isinstance(merged, AIMessageChunk):
-                message = AIMessage(
-                    content=merged.content,
-                    tool_calls=merged.tool_calls,
-                    response_metadata=merged.response_metadata,
-                )
-            return self.strict_parse(message)
-        return self.strict_parse(AIMessage(str(merged)))
+        """The strict parse of the whole stream (an AIMessageChunk sum is an AIMessage)."""
+        merged = functools.reduce(operator.add, chunks)
+        if isinstance(merged, AIMessage):
+            return self.strict_parse(merged)
+        text = merged.content if isinstance(merged, BaseMessage) else str(merged)
+        return self.strict_parse(AIMessage(text))
 
     def _transform(self, input: Iterator[str | BaseMessage]) -> Iterator[Any]:
         seen: list[Any] = []
