@@ -6,22 +6,28 @@ back from a tool (their KV prefix is still cached on the server) are let in
 before fresh siblings, so cached prefixes get reused instead of evicted by
 newcomers.
 
-KV working-set control (optional, `kv_capacity`): a sibling inside a tool
-gives up its ACTIVE place, but its context stays cached on the server. So the
-gate also tracks the RESIDENT siblings (started and not finished, active or
-in a tool) and admits a FRESH sibling only while their estimated KV tokens,
-plus the newcomer's estimate, fit `kv_capacity * kv_headroom`. A sibling
-counts `max(its context_tokens, the estimate)`, both in tokens of its OWN
-context (the prefix siblings share is cached once on the server and is not
-counted per sibling); the estimate is learned from finished siblings (the p90
-of their final context sizes; before any finished, `sibling_tokens` less the
-shared prefix once a first call has shown it). Returning siblings are never held back by the budget
-(their cached KV is what we want reused), only by `max_active`. A finished
-sibling leaves the resident set (`finish`), which frees budget. When nothing
-is resident a fresh sibling is always admitted, however large its estimate,
-so the gate cannot deadlock. Without an explicit `max_active`, the cap is
-`kv_capacity // max(estimate, sibling_tokens)` (at least 1), recomputed as
-the estimate moves: it can shrink below the starting cap, never exceed it.
+KV working-set control (optional): a sibling inside a tool gives up its
+ACTIVE place, but its context stays cached on the server. So the gate also
+tracks the RESIDENT siblings (started and not finished, active or in a tool)
+and books their estimated KV tokens in the server's `KVLedger`, which the
+scheduler owns and every fan_out run on that scheduler shares. A FRESH sibling
+is admitted only while everything resident on the server, plus the
+newcomer's estimate, fits `capacity * kv_headroom`. A sibling counts
+`max(its context_tokens, the estimate)`, both in tokens of its OWN context
+(the prefix siblings share is cached once on the server and is not counted
+per sibling); the estimate is learned from finished siblings (the p90 of
+their final context sizes; before any finished, `sibling_tokens` less the
+shared prefix once a first call has shown it). Returning siblings are never
+held back by the budget (their cached KV is what we want reused), only by
+`max_active`. A finished sibling leaves the resident set (`finish`), which
+frees budget, and the ledger wakes the gates waiting for it (other runs'
+first). When nothing is resident on the server a fresh sibling is always
+admitted, however large its estimate, so the gates cannot deadlock. Without
+an explicit `max_active`, the cap is `capacity // max(estimate,
+sibling_tokens)` (at least 1), recomputed as the estimate moves: it can
+shrink below the starting cap, never exceed it; that derived cap counts the
+active siblings of every run on the ledger (an explicit `max_active` is this
+run's own).
 
 The gate implements `langgraph_batch._context.Admission`; the tool hooks
 reach it through `SiblingInfo.tool_enter()` / `tool_exit()`.
@@ -38,6 +44,7 @@ import math
 from dataclasses import dataclass
 
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch.scheduler._capacity import KVLedger
 from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
 
 __all__ = ("DEFAULT_KV_HEADROOM", "AdmissionStats", "SiblingAdmission")
@@ -73,6 +80,9 @@ class AdmissionStats:
     """Their estimated KV tokens (each `max(context_tokens, estimate)`)."""
     kv_budget: int | None = None
     """The token budget for resident siblings; None: no budget."""
+    server_resident_tokens: int = 0
+    """Estimated KV tokens resident on the server over every run sharing its ledger
+    (this one included; equal to `resident_tokens` without a ledger or when alone)."""
     sibling_estimate: int = 0
     """The current estimate of one sibling's context tokens."""
 
@@ -84,9 +94,12 @@ class SiblingAdmission:
         max_active: how many siblings may hold a place at once; None for no
             explicit cap (then `kv_capacity // estimate` when the capacity is
             known, else unlimited).
-        kv_capacity: the server's KV cache size in tokens; None disables the
-            resident-token budget.
-        kv_headroom: share of `kv_capacity` the resident siblings may fill.
+        kv_capacity: the server's KV cache size in tokens, for a gate that
+            budgets alone (a private ledger); None disables the resident-token
+            budget unless `kv_ledger` is given.
+        kv_ledger: the server's shared ledger (`Scheduler.kv_ledger()`): the
+            budget is then shared with every other run booking it.
+        kv_headroom: share of the capacity the resident siblings may fill.
         sibling_tokens: the context estimate of one sibling before any has
             finished.
 
@@ -111,6 +124,7 @@ class SiblingAdmission:
         *,
         max_active: int | None = None,
         kv_capacity: int | None = None,
+        kv_ledger: KVLedger | None = None,
         kv_headroom: float = DEFAULT_KV_HEADROOM,
         sibling_tokens: int = _DEFAULT_SIBLING_TOKENS,
     ) -> None:
@@ -122,10 +136,12 @@ class SiblingAdmission:
             raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
         if isinstance(sibling_tokens, bool) or sibling_tokens < 1:
             raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
+        if kv_ledger is None and kv_capacity is not None:
+            kv_ledger = KVLedger(kv_capacity)
         self._sizing = False
         self._fixed_max = max_active
-        self._capacity = kv_capacity
-        self._budget = None if kv_capacity is None else max(1, int(kv_capacity * kv_headroom))
+        self._headroom = kv_headroom
+        self._ledger: KVLedger | None = kv_ledger
         self._base_estimate = sibling_tokens
         self._observed: list[int] = []
         self._estimate = sibling_tokens
@@ -137,6 +153,8 @@ class SiblingAdmission:
         self._peak = 0
         self.first_resident = asyncio.Event()
         """Set when the first sibling becomes resident (the run has started work)."""
+        if kv_ledger is not None:
+            kv_ledger.join(self)
 
     @property
     def max_active(self) -> int | None:
@@ -163,8 +181,13 @@ class SiblingAdmission:
 
     @property
     def kv_budget(self) -> int | None:
-        """The token budget for resident siblings (None: no budget)."""
-        return self._budget
+        """The token budget for resident siblings, on the whole server (None: no budget)."""
+        return None if self._ledger is None else self._ledger.budget(self._headroom)
+
+    @property
+    def kv_ledger(self) -> KVLedger | None:
+        """The ledger this gate books (None: no KV budget)."""
+        return self._ledger
 
     def holds(self, sibling: SiblingInfo) -> bool:
         """Whether `sibling` holds a place now."""
@@ -198,25 +221,45 @@ class SiblingAdmission:
             peak_active=self._peak,
             resident=len(self._resident),
             resident_tokens=self.resident_tokens(),
-            kv_budget=self._budget,
+            kv_budget=self.kv_budget,
             sibling_estimate=self.sibling_estimate,
+            server_resident_tokens=(
+                self.resident_tokens() if self._ledger is None else self._ledger.resident_tokens()
+            ),
         )
 
     def start_sizing(self) -> None:
-        """Admit fresh siblings one at a time until `set_kv_capacity` is called.
+        """Admit fresh siblings one at a time until `set_kv_ledger` is called.
 
         For a run that learns the server's capacity only once its first
         sibling has reached the scheduler (which then exists).
         """
         self._sizing = True
 
-    def set_kv_capacity(self, kv_capacity: int | None, *, kv_headroom: float) -> None:
-        """Size the gate now (None: capacity unknown, no budget) and end sizing."""
+    def set_kv_ledger(self, kv_ledger: KVLedger | None) -> None:
+        """Size the gate now from the server's ledger (None: capacity unknown, no budget).
+
+        Ends sizing and lets waiters in as the budget allows.
+        """
         self._sizing = False
-        if kv_capacity is not None and kv_capacity > 0:
-            self._capacity = kv_capacity
-            self._budget = max(1, int(kv_capacity * kv_headroom))
+        if kv_ledger is not None:
+            self._book(kv_ledger)
             self._max_active = self._derive_max_active()
+        self._wake()
+
+    def _book(self, ledger: KVLedger) -> None:
+        if self._ledger is not None and self._ledger is not ledger:
+            self._ledger.leave(self)
+        self._ledger = ledger
+        ledger.join(self)
+
+    def close(self) -> None:
+        """The run is over: stop booking the ledger (its residents stop counting)."""
+        if self._ledger is not None:
+            self._ledger.leave(self)
+
+    def wake(self) -> None:
+        """Re-check the waiters: the ledger calls it when room was freed elsewhere."""
         self._wake()
 
     @property
@@ -227,26 +270,29 @@ class SiblingAdmission:
     def _derive_max_active(self) -> int | None:
         if self._fixed_max is not None:
             return self._fixed_max
-        if self._capacity is None:
+        if self._ledger is None:
             return None
         # `sibling_tokens` is a floor here: a learned estimate may lower the
         # cap (contexts grew larger than assumed) but never raise it above the
         # one announced when the run started; the token budget already lets
         # more small siblings be resident, up to that cap.
-        return max(1, self._capacity // max(self._estimate, self._base_estimate))
+        return max(1, self._ledger.capacity // max(self._estimate, self._base_estimate))
 
     def _has_room(self) -> bool:
-        return self._max_active is None or len(self._holders) < self._max_active
+        if self._max_active is None:
+            return True
+        if self._fixed_max is None and self._ledger is not None:
+            # A cap derived from the server's capacity bounds every run on it.
+            return self._ledger.active() < self._max_active
+        return len(self._holders) < self._max_active
 
     def _fits_fresh(self) -> bool:
-        """Whether one more fresh sibling fits the resident-token budget."""
-        if not self._resident:
+        """Whether one more fresh sibling fits the server's resident-token budget."""
+        if self._sizing and self._resident:
+            return False  # unsized: one sibling at a time until the capacity is known
+        if self._ledger is None:
             return True
-        if self._sizing:
-            return False
-        if self._budget is None:
-            return True
-        return self.resident_tokens() + self.sibling_estimate <= self._budget
+        return self._ledger.fits(self.sibling_estimate, headroom=self._headroom)
 
     def _grant(self, sibling_id: str, sibling: SiblingInfo | None) -> None:
         self._holders.add(sibling_id)
@@ -306,7 +352,10 @@ class SiblingAdmission:
         if sid not in self._holders:
             return
         self._holders.discard(sid)
-        self._wake()
+        if self._ledger is not None:
+            self._ledger.freed(self)  # other runs' gates first, then this one
+        else:
+            self._wake()
 
     def finish(self, sibling: SiblingInfo) -> None:
         """`sibling` is done (finished or failed): free its place and its resident tokens.
@@ -319,7 +368,10 @@ class SiblingAdmission:
             self.observe(sibling.context_tokens)
         # A sibling finished before the capacity was known: stop waiting for it.
         self._sizing = False
-        self._wake()
+        if self._ledger is not None:
+            self._ledger.freed(self)  # other runs' gates first, then this one
+        else:
+            self._wake()
 
     def _wake(self) -> None:
         while self._has_room():

@@ -310,6 +310,7 @@ def close_run(run: FanOutRun, *, loop: BackgroundLoop | None = None) -> None:
         run.run_done.set()
         if run.sizer is not None and not run.sizer.done():
             run.sizer.cancel()  # never awaited here: this task may itself be cancelled
+        run.admission.close()  # its siblings stop counting in the server's KV ledger
         forget_run(run.run_id)
 
     if loop is None:

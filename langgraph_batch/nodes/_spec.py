@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
+from langgraph_batch.scheduler._capacity import KVLedger
 from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
 from langgraph_batch.scheduler.registry import loop_schedulers, scheduler_created
 
@@ -161,6 +162,24 @@ class FanOutSpec:
             return capacity
         return None
 
+    async def resolve_kv_ledger(self, scheduler: Any) -> KVLedger | None:
+        """The server's shared KV ledger, as its scheduler keeps it (None: no budget).
+
+        Every run on one scheduler books the same ledger (`Scheduler.kv_ledger`),
+        so concurrent runs share the server's capacity. A custom scheduler
+        that only says its capacity gets a ledger of this run's own.
+        """
+        ask = getattr(scheduler, "kv_ledger", None)
+        if callable(ask):
+            try:
+                ledger = await ask()
+            except Exception:  # unknown capacity means no budget, never a failed run
+                logger.debug("fan_out: the scheduler could not give its KV ledger", exc_info=True)
+                return None
+            return ledger if isinstance(ledger, KVLedger) else None
+        capacity = await self.resolve_kv_capacity(scheduler)
+        return None if capacity is None else KVLedger(capacity)
+
     async def size_later(self, admission: SiblingAdmission, run_done: asyncio.Event) -> None:
         """Size the gate from the scheduler the first sibling's model creates.
 
@@ -169,20 +188,19 @@ class FanOutSpec:
         within `_DISCOVER_TIMEOUT_S` after the first sibling started, or the
         run ends.
         """
-        capacity: int | None = None
+        ledger: KVLedger | None = None
         try:
             found = await _discover_scheduler(admission, run_done)
             if found is not None:
-                capacity = await self.resolve_kv_capacity(found)
+                ledger = await self.resolve_kv_ledger(found)
         finally:
-            admission.set_kv_capacity(capacity, kv_headroom=self.kv_headroom)
+            admission.set_kv_ledger(ledger)
 
     async def make_admission(self, scheduler: Any) -> SiblingAdmission:
-        """The gate of one run: `max_active` plus the resident KV budget when capacity is known."""
-        capacity = await self.resolve_kv_capacity(scheduler)
+        """The gate of one run: `max_active` plus the server's shared KV budget when known."""
         return SiblingAdmission(
             max_active=self.max_active,
-            kv_capacity=capacity,
+            kv_ledger=await self.resolve_kv_ledger(scheduler),
             kv_headroom=self.kv_headroom,
             sibling_tokens=self.sibling_tokens,
         )

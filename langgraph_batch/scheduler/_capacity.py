@@ -1,19 +1,24 @@
-"""What the server can hold: its KV-cache capacity, as the scheduler knows it.
+"""What the server can hold: its KV-cache capacity, and who holds it now.
 
 The scheduler is the one owner of the server's capacity: its metrics poll
 keeps the latest sample, and `Scheduler.kv_capacity()` answers from it, or
-asks the backend once when no sample came yet. `fan_out`'s admission gate
-asks the scheduler, never the backend.
+asks the backend once when no sample came yet. It also owns the server's
+`KVLedger`: every fan_out run on that scheduler books its resident siblings
+there, so two concurrent runs share one budget instead of each budgeting the
+whole cache. Admission gates ask the ledger whether a fresh sibling fits, and
+the ledger wakes them when a sibling somewhere finishes (push: nothing polls).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
+from typing import Protocol
 
 from langgraph_batch.backends.base import Backend, EngineMetrics
 
-__all__ = ("METRICS_TIMEOUT_S", "read_kv_capacity")
+__all__ = ("METRICS_TIMEOUT_S", "KVLedger", "LedgerMember", "read_kv_capacity")
 
 logger = logging.getLogger("langgraph_batch.scheduler")
 
@@ -39,3 +44,109 @@ async def read_kv_capacity(latest: EngineMetrics | None, backend: Backend) -> in
     if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
         return capacity
     return None
+
+
+class LedgerMember(Protocol):
+    """One booker of the ledger: a fan_out run's admission gate."""
+
+    @property
+    def active(self) -> int:
+        """Its siblings holding an ACTIVE place now."""
+        ...
+
+    def resident_tokens(self) -> int:
+        """Estimated KV tokens its resident siblings hold now."""
+        ...
+
+    def wake(self) -> None:
+        """Re-check its waiters (room was freed); called in the member's loop."""
+        ...
+
+
+class KVLedger:
+    """The resident-KV budget of one server, shared by every run booking it.
+
+    Each member (a fan_out run's gate) reports its active siblings and the
+    estimated KV tokens of its resident ones; `fits` answers for a newcomer
+    against the sum over all members, and `active` lets a gate whose cap was
+    derived from the capacity count every run's active siblings against it.
+    When nothing is resident anywhere a newcomer always fits, so the ledger
+    cannot deadlock. `freed` (a member's sibling finished, or a member
+    left) wakes the other members first, then the one that freed, so capacity
+    a run gives back goes first to runs that were waiting for it.
+
+    Members are held weakly: a run that vanished without `leave` stops counting.
+
+    Args:
+        capacity: the server's KV cache size in tokens.
+
+    Example:
+        ```python
+        ledger = await scheduler.kv_ledger()  # None: the server does not say
+        if ledger is not None and ledger.fits(4096, headroom=0.85):
+            ...
+        ```
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self._members: weakref.WeakKeyDictionary[LedgerMember, asyncio.AbstractEventLoop | None]
+        self._members = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"KVLedger(capacity={self.capacity}, members={len(self._members)})"
+
+    @property
+    def members(self) -> int:
+        """How many runs book this ledger now."""
+        return len(self._members)
+
+    def join(self, member: LedgerMember) -> None:
+        """Book `member` here (idempotent); it is woken in the loop it joined from."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self._members.setdefault(member, loop)
+
+    def leave(self, member: LedgerMember) -> None:
+        """`member` is done (its run ended): its tokens stop counting; others are woken."""
+        self._members.pop(member, None)
+        self._wake_others(member)
+
+    def active(self) -> int:
+        """Siblings holding an ACTIVE place now, over every member."""
+        return sum(m.active for m in list(self._members.keys()))
+
+    def resident_tokens(self) -> int:
+        """Estimated KV tokens resident on the server, over every member."""
+        return sum(m.resident_tokens() for m in list(self._members.keys()))
+
+    def budget(self, headroom: float) -> int:
+        """The tokens residents may fill at `headroom` (a share of the capacity)."""
+        return max(1, int(self.capacity * headroom))
+
+    def fits(self, tokens: int, *, headroom: float) -> bool:
+        """Whether a newcomer of `tokens` fits beside everything resident now."""
+        resident = self.resident_tokens()
+        return resident == 0 or resident + tokens <= self.budget(headroom)
+
+    def freed(self, member: LedgerMember) -> None:
+        """`member` freed room (a place or tokens): wake the other members, then `member`."""
+        self._wake_others(member)
+        member.wake()
+
+    def _wake_others(self, member: LedgerMember) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for other, loop in list(self._members.items()):
+            if other is member:
+                continue
+            if loop is None or loop is running:
+                other.wake()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(other.wake)

@@ -1,5 +1,9 @@
 """`Scheduler`: the async driver around the pure `BatchPolicyCore`.
 
+This module holds the public face and the lifecycle; `_attempt` runs one
+request in its caller's task, `_dispatch` is the loop that performs the
+policy's plans, `_capacity` keeps the server's KV capacity and ledger.
+
 Division of work (cheapest design that keeps cancellation exact):
 
 - The CALLER's task does the inference call itself. `submit` asks the
@@ -53,25 +57,17 @@ from langgraph_batch.backends.base import (
     sibling_route_key,
 )
 from langgraph_batch.errors import (
-    BackendError,
-    BatchTimeoutError,
-    MalformedToolCallError,
     SchedulerClosedError,
     SchedulerDeadError,
     SchedulerError,
 )
-from langgraph_batch.scheduler._capacity import read_kv_capacity
-from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
+from langgraph_batch.scheduler._attempt import RequestAttempts
+from langgraph_batch.scheduler._capacity import KVLedger, read_kv_capacity
+from langgraph_batch.scheduler._dispatch import DispatchLoop
+from langgraph_batch.scheduler._item import PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
 from langgraph_batch.scheduler._priority import engine_priority
-from langgraph_batch.scheduler._retry import (
-    backoff,
-    log_failure,
-    log_retry,
-    outcome_of,
-    retryable,
-)
 from langgraph_batch.scheduler._state import SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
@@ -89,7 +85,7 @@ def live_schedulers() -> list[Scheduler]:
     return list(_LIVE)
 
 
-class Scheduler:
+class Scheduler(RequestAttempts, DispatchLoop):
     """Queues LLM requests of many callers and sends them to one backend.
 
     At most `policy.max_inflight` requests (adaptive) are on the wire; the
@@ -151,6 +147,7 @@ class Scheduler:
         self._dead_cause: BaseException | None = None
         self._rng = random.Random()
         self._priority_to_engine = caps.priority
+        self._ledger: KVLedger | None = None
 
     # ------------------------------------------------------------ properties
 
@@ -190,6 +187,25 @@ class Scheduler:
         From the last metrics sample, else one metrics call (`_capacity`).
         """
         return await read_kv_capacity(self._core.latest_metrics, self._backend)
+
+    async def kv_ledger(self) -> KVLedger | None:
+        """The server's resident-KV ledger that every fan_out run on this scheduler books.
+
+        Made once, from `kv_capacity()`; None while the server does not say
+        its capacity (asked again next time). Concurrent fan_out runs share
+        it, so together they keep within one server's cache.
+
+        Example:
+            ```python
+            ledger = await scheduler.kv_ledger()
+            print(ledger.capacity if ledger else "unknown", ledger.resident_tokens())
+            ```
+        """
+        if self._ledger is None:
+            capacity = await self.kv_capacity()
+            if capacity is not None and self._ledger is None:
+                self._ledger = KVLedger(capacity)
+        return self._ledger
 
     def inflight_by_sibling(self) -> dict[str, int]:
         """Requests on the wire now, per sibling id (siblings with none are absent).
@@ -463,335 +479,3 @@ class Scheduler:
             if span is not None:
                 span.ok(resp, time.monotonic() - t0 - item.queued_s)
             return resp
-
-    async def _run_item(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        item: PolicyItem,
-        request: ChatRequest,
-        timeout: float | None,  # noqa: ASYNC109 - submit's contract
-        max_retries: int,
-        on_chunk: Callable[[ChatChunk], None] | None,
-        sibling: SiblingInfo | None,
-        check: Callable[[ChatResponse], None] | None,
-    ) -> ChatResponse:
-        try:
-            if timeout is None:
-                return await self._execute(
-                    loop, item, request, max_retries, on_chunk, sibling, check
-                )
-            cm = asyncio.timeout(timeout)
-            try:
-                async with cm:
-                    return await self._execute(
-                        loop, item, request, max_retries, on_chunk, sibling, check
-                    )
-            except TimeoutError as exc:
-                if not cm.expired():
-                    raise
-                self._stats.timed_out += 1
-                err = BatchTimeoutError(
-                    f"request {request.request_id or '<no id>'} did not finish within "
-                    f"{timeout} s ({item.queued_s:.3f} s of it waiting for a slot). Raise "
-                    "`timeout`, or lower the load (fewer siblings, higher max_inflight).",
-                    timeout_s=timeout,
-                    queued_s=item.queued_s,
-                    request_id=request.request_id or None,
-                )
-                self._stats.record_failure(err)
-                log_failure(self.name, request.request_id, sibling, err, attempt=0)
-                raise err from exc
-        except asyncio.CancelledError:
-            self._stats.cancelled += 1
-            raise
-
-    async def _execute(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        item: PolicyItem,
-        request: ChatRequest,
-        max_retries: int,
-        on_chunk: Callable[[ChatChunk], None] | None,
-        sibling: SiblingInfo | None,
-        check: Callable[[ChatResponse], None] | None,
-    ) -> ChatResponse:
-        core = self._core
-        clock = time.monotonic
-        t0 = clock()
-        delivered = 0
-        cb = on_chunk
-        if on_chunk is not None and request.stream:
-
-            def cb(chunk: ChatChunk) -> None:
-                # Only content and tool-call fragments reach the caller's output; a
-                # stream that fails before the first of them is retried like any call.
-                nonlocal delivered
-                if chunk.content or chunk.tool_call_chunks:
-                    delivered += 1
-                on_chunk(chunk)
-
-        attempt = 0
-        while True:
-            try:
-                now = clock()
-                if core.try_acquire(item, now):
-                    resp = await self._call(item, request, cb)
-                else:
-                    fut: asyncio.Future[ChatResponse | None] = loop.create_future()
-                    item.future = fut
-                    core.enqueue(item, now)
-                    if core.slots_free and core.ready:
-                        self._kick()
-                    try:
-                        res = await fut
-                    except asyncio.CancelledError:
-                        self._abandon(item)
-                        raise
-                    resp = res if res is not None else await self._call(item, request, cb)
-                if check is not None:
-                    check(resp)
-            except Exception as exc:
-                if isinstance(exc, MalformedToolCallError):
-                    self._stats.malformed_tool_calls += 1
-                if self._state is not SchedulerState.OPENED or not retryable(
-                    exc, attempt=attempt, max_retries=max_retries, delivered=delivered
-                ):
-                    self._stats.record_failure(exc)
-                    log_failure(
-                        self.name,
-                        request.request_id,
-                        sibling,
-                        exc,
-                        attempt=attempt,
-                        delivered=delivered,
-                    )
-                    raise
-                attempt += 1
-                self._stats.record_retry(exc)
-                delay = backoff(self._policy, self._rng, attempt, exc)
-                log_retry(
-                    self.name,
-                    request.request_id,
-                    sibling,
-                    exc,
-                    attempt=attempt,
-                    max_retries=max_retries,
-                    delay=delay,
-                )
-                await asyncio.sleep(delay)
-                if self._state is not SchedulerState.OPENED:
-                    refusal = self._refusal()
-                    self._stats.record_failure(refusal)
-                    raise refusal from exc
-                continue
-            self._stats.record_success(
-                queue_wait=item.queued_s, latency=clock() - t0, usage=resp.usage
-            )
-            return replace(resp, queue_wait_s=item.queued_s)
-
-    async def _call(
-        self,
-        item: PolicyItem,
-        request: ChatRequest,
-        cb: Callable[[ChatChunk], None] | None,
-    ) -> ChatResponse:
-        self._stats.record_dispatch()
-        try:
-            if item.leading:
-                resp = await self._call_leader(item, request, cb)
-            else:
-                resp = await self._backend.chat(request, on_chunk=cb)
-        except BaseException as exc:
-            self._release(item, outcome_of(exc))
-            raise
-        self._release(item, Outcome.OK)
-        return resp
-
-    async def _call_leader(
-        self,
-        item: PolicyItem,
-        request: ChatRequest,
-        cb: Callable[[ChatChunk], None] | None,
-    ) -> ChatResponse:
-        # The prefix leader: the first streamed chunk means the server has run
-        # the prefill (and cached the prefix), so the held followers may go.
-        # A non-streaming leader is streamed internally; chat() returns the
-        # aggregated response either way. Its caller's on_chunk (if any) is
-        # not called, as for any non-streaming request.
-        user_cb = cb if request.stream else None
-        seen = False
-
-        def first(chunk: ChatChunk) -> None:
-            nonlocal seen
-            if not seen:
-                seen = True
-                if self._state is SchedulerState.OPENED and self._core.on_first_token(
-                    item, time.monotonic()
-                ):
-                    self._kick()
-            if user_cb is not None:
-                user_cb(chunk)
-
-        if not request.stream:
-            request = replace(request, stream=True)
-        return await self._backend.chat(request, on_chunk=first)
-
-    def _release(self, item: PolicyItem, outcome: Outcome) -> None:
-        if self._state is SchedulerState.DEAD or item.state != RUNNING:
-            return
-        core = self._core
-        core.on_complete(item, outcome, time.monotonic())
-        if core.ready:
-            self._kick()
-
-    def _abandon(self, item: PolicyItem) -> None:
-        # The caller was cancelled while parked on its future.
-        if item.state == QUEUED or item.state == HELD:
-            core = self._core
-            core.withdraw(item, time.monotonic())  # counts its wait into queued_s
-            if core.ready and core.slots_free:
-                self._kick()  # a withdrawn leader may have handed the lead on
-        elif item.state == RUNNING and not item.in_batch:
-            # Granted but never started: give the slot straight back.
-            self._release(item, Outcome.CANCELLED)
-
-    # ---------------------------------------------------------------- runner
-
-    def _kick(self) -> None:
-        f = self._wake
-        if f is not None:
-            self._wake = None
-            if not f.done():
-                f.set_result(None)
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        core = self._core
-        clock = time.monotonic
-        poller = None
-        if self._backend.capabilities.metrics:
-            poller = loop.create_task(
-                self._poll_metrics(), name=f"langgraph-batch metrics {self.name}"
-            )
-        try:
-            while True:
-                now = clock()
-                plan = core.plan(now)
-                again = False
-                for item in plan.dispatch:
-                    fut = item.future
-                    if fut.done():
-                        # Its caller was cancelled after the plan was made.
-                        core.on_complete(item, Outcome.CANCELLED, now)
-                        again = True
-                    else:
-                        fut.set_result(None)
-                for batch in plan.batches:
-                    live = []
-                    for item in batch:
-                        if item.future.done():
-                            core.on_complete(item, Outcome.CANCELLED, now)
-                            again = True
-                        else:
-                            live.append(item)
-                    if live:
-                        self._stats.record_batch(len(live))
-                        task = loop.create_task(self._run_batch(live))
-                        self._batch_tasks.add(task)
-                        task.add_done_callback(self._batch_tasks.discard)
-                if plan.wake_at != self._timer_at:
-                    if self._timer is not None:
-                        self._timer.cancel()
-                        self._timer = None
-                    self._timer_at = plan.wake_at
-                    if plan.wake_at is not None:
-                        self._timer = loop.call_later(
-                            max(0.0, plan.wake_at - now), self._timer_fired
-                        )
-                if again:
-                    continue
-                wake = self._wake = loop.create_future()
-                await wake
-        except asyncio.CancelledError:
-            if self._state is SchedulerState.OPENED:
-                # Cancelled from outside (the loop is shutting down): behave as closed.
-                self._state = SchedulerState.CLOSED
-                self._fail_queued()
-                for t in self._batch_tasks:
-                    t.cancel()
-                self._release_loop()
-            raise
-        except BaseException as exc:  # the runner must never die silently
-            self._die(exc)
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            if poller is not None:
-                poller.cancel()
-            if self._state is not SchedulerState.OPENED:
-                self._release_loop()
-
-    def _timer_fired(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        self._kick()
-
-    async def _run_batch(self, batch: list[PolicyItem]) -> None:
-        requests = [item.payload for item in batch]
-        for _ in batch:
-            self._stats.record_dispatch()
-        try:
-            # One outcome per member: a bad member fails only its own caller.
-            results = await self._backend.complete_batch_settled(requests)
-            if len(results) != len(batch):
-                raise BackendError(
-                    f"complete_batch_settled returned {len(results)} outcomes for {len(batch)} "
-                    f"requests ({type(self._backend).__name__} breaks the Backend contract)"
-                )
-        except asyncio.CancelledError:
-            # The scheduler is closing or dead: members get its refusal.
-            for item in batch:
-                self._release(item, Outcome.CANCELLED)
-                if not item.future.done():
-                    item.future.set_exception(self._refusal())
-            raise
-        except Exception as exc:
-            outcome = outcome_of(exc)
-            for item in batch:
-                self._release(item, outcome)
-                if not item.future.done():
-                    item.future.set_exception(exc)
-            return
-        for item, result in zip(batch, results, strict=True):
-            if isinstance(result, BaseException):
-                self._release(item, outcome_of(result))
-                if not item.future.done():
-                    item.future.set_exception(result)
-            else:
-                self._release(item, Outcome.OK)
-                if not item.future.done():
-                    item.future.set_result(result)
-
-    async def _poll_metrics(self) -> None:
-        interval = self._policy.metrics_interval_s
-        backend = self._backend
-        core = self._core
-        while True:
-            try:
-                metrics = await backend.metrics()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.debug("scheduler %r: metrics poll failed: %r", self.name, exc)
-                metrics = None
-            if metrics is not None:
-                try:
-                    core.on_metrics(metrics, time.monotonic())
-                except Exception as exc:
-                    self._die(exc)
-                    if self._runner is not None:
-                        self._runner.cancel()
-                    return
-                if core.ready and core.slots_free:
-                    self._kick()
-            await asyncio.sleep(interval)

@@ -16,7 +16,6 @@ MAX_LINES = 600
 # Modules over the limit today, with the size they may not grow past; shrink
 # a module and lower or drop its entry (the test says when one is back under).
 OVERSIZE = {
-    "langgraph_batch.scheduler._runner": 800,
     "langgraph_batch.chat_model": 700,
     "langgraph_batch.nodes.fan_out": 620,
 }

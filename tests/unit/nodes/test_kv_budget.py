@@ -11,6 +11,7 @@ from langgraph_batch._context import SiblingInfo
 from langgraph_batch.backends.base import ChatResponse, Usage
 from langgraph_batch.chat_model import _record_context
 from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.scheduler._capacity import KVLedger
 
 
 def sib(i: int, context: int = 0) -> SiblingInfo:
@@ -213,7 +214,7 @@ async def test_estimate_before_any_finish_leaves_out_the_shared_prefix() -> None
 
 
 async def test_sizing_admits_one_fresh_sibling_until_the_capacity_is_known() -> None:
-    gate = SiblingAdmission(sibling_tokens=100)
+    gate = SiblingAdmission(sibling_tokens=100, kv_headroom=1.0)
     gate.start_sizing()
     first = sib(0)
     await gate.acquire(first, returning=False)  # nothing resident: the probe goes in
@@ -223,7 +224,7 @@ async def test_sizing_admits_one_fresh_sibling_until_the_capacity_is_known() -> 
     assert not second.done()
     assert gate.sizing
     # Capacity 250 at headroom 1.0: the probe (100) and one more (200) fit, not two more.
-    gate.set_kv_capacity(250, kv_headroom=1.0)
+    gate.set_kv_ledger(KVLedger(250))
     await asyncio.wait_for(second, 10)
     await settle()
     assert not third.done()
@@ -317,3 +318,89 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create(
     assert out["out"] == list(range(12))
     # 1000-token budget / 300-token estimate: at most 3 siblings resident at once.
     assert 1 <= live["peak"] <= 3
+
+
+async def test_runs_on_one_ledger_share_its_token_budget() -> None:
+    ledger = KVLedger(1000)
+    a = SiblingAdmission(max_active=10, kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=400)
+    b = SiblingAdmission(max_active=10, kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=400)
+    a0, a1, a2, b0 = sib(0), sib(1), sib(2), SiblingInfo(group="h", index=0)
+    await a.acquire(a0, returning=False)
+    await a.acquire(a1, returning=False)  # 800 of 1000 resident, all run a's
+    b_wait = asyncio.create_task(b.acquire(b0, returning=False))
+    a_wait = asyncio.create_task(a.acquire(a2, returning=False))
+    await settle()
+    assert not b_wait.done()
+    assert not a_wait.done()
+    assert ledger.resident_tokens() == 800
+    assert b.stats().server_resident_tokens == 800
+    assert b.stats().resident_tokens == 0
+    a.finish(a0)  # frees 400: the other run, waiting, goes first
+    await asyncio.wait_for(b_wait, 10)
+    await settle()
+    assert not a_wait.done()
+    b.close()  # b's run ends: its sibling stops counting, a's waiter fits
+    await asyncio.wait_for(a_wait, 10)
+    assert ledger.members == 1
+    a.close()
+    assert ledger.members == 0
+    assert ledger.resident_tokens() == 0
+
+
+async def test_a_derived_cap_counts_every_runs_active_siblings() -> None:
+    ledger = KVLedger(1200)  # room for 3 siblings of 400
+    a = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=400)
+    b = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=400)
+    assert a.max_active == b.max_active == 3
+    sa = [sib(i) for i in range(2)]
+    for s in sa:
+        await a.acquire(s, returning=False)
+    await b.acquire(SiblingInfo(group="h", index=0), returning=False)
+    b1 = asyncio.create_task(b.acquire(SiblingInfo(group="h", index=1), returning=False))
+    await settle()
+    assert not b1.done()  # 3 active over both runs
+    a.release(sa[0])
+    # A place given up for a tool frees the shared cap, but not the token
+    # budget: the in-tool sibling's KV stays resident (1200 of 1200).
+    await settle()
+    assert not b1.done()
+    a.finish(sa[0])
+    await asyncio.wait_for(b1, 10)
+    # An explicit max_active is the run's own: not counted against others.
+    own = SiblingAdmission(max_active=1, kv_ledger=KVLedger(10**6), sibling_tokens=10)
+    other = SiblingAdmission(max_active=1, kv_ledger=own.kv_ledger, sibling_tokens=10)
+    await own.acquire(sib(7), returning=False)
+    await asyncio.wait_for(other.acquire(SiblingInfo(group="h", index=7), returning=False), 10)
+
+
+def test_a_gate_in_another_loop_is_woken_in_its_own_loop() -> None:
+    import threading
+
+    ledger = KVLedger(1000)
+    here = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=600)
+    holder = sib(0)
+    asyncio.run(here.acquire(holder, returning=False))
+    admitted = threading.Event()
+    started = threading.Event()
+
+    def other_thread() -> None:
+        async def main() -> None:
+            there = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=600)
+            waiting = asyncio.create_task(
+                there.acquire(SiblingInfo(group="h", index=0), returning=False)
+            )
+            await asyncio.sleep(0.01)
+            started.set()
+            await asyncio.wait_for(waiting, 10)
+            admitted.set()
+            there.close()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    assert started.wait(10)
+    assert not admitted.is_set()
+    here.finish(holder)  # from this thread: the other loop is woken thread-safely
+    assert admitted.wait(10)
+    t.join(10)

@@ -627,3 +627,16 @@ async def test_the_scheduler_owns_the_servers_kv_capacity() -> None:
     broken.metrics = refuse  # type: ignore[method-assign]
     assert await Scheduler(broken).kv_capacity() is None
     assert await Scheduler(MetricsBackend(EngineMetrics(), open_gate=True)).kv_capacity() is None
+
+
+async def test_the_scheduler_owns_one_kv_ledger_for_every_run() -> None:
+    from tests.unit.scheduler._fakes import MetricsBackend
+
+    scheduler = Scheduler(MetricsBackend(EngineMetrics(kv_capacity_tokens=40_000), open_gate=True))
+    first, again = await asyncio.gather(scheduler.kv_ledger(), scheduler.kv_ledger())
+    assert first is not None
+    assert first is again
+    assert first.capacity == 40_000
+    assert await scheduler.kv_ledger() is first
+    unknown = Scheduler(MetricsBackend(EngineMetrics(), open_gate=True))
+    assert await unknown.kv_ledger() is None

@@ -1,0 +1,236 @@
+"""One request's life inside the `Scheduler`: slot, call, retries, timeout.
+
+The caller's task runs all of it (`Scheduler.submit` calls `_run_item`): it
+asks the policy for a slot (at once when nothing is queued, else it parks on
+a future the dispatch loop resolves), calls the backend, gives the slot back
+whatever happens, and retries a retryable failure after a jittered backoff
+WITHOUT a slot. A streamed request that already delivered content or
+tool-call chunks is never retried. A prefix leader's first chunk releases its
+held followers (`_call_leader`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from langgraph_batch._context import SiblingInfo
+from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
+from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError, SchedulerError
+from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
+from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
+from langgraph_batch.scheduler._retry import (
+    backoff,
+    log_failure,
+    log_retry,
+    outcome_of,
+    retryable,
+)
+from langgraph_batch.scheduler._state import SchedulerState
+from langgraph_batch.scheduler._stats import StatsRecorder
+
+__all__ = ("RequestAttempts",)
+
+
+class RequestAttempts:
+    """The `Scheduler`'s part that runs one request in its caller's task (a mixin)."""
+
+    if TYPE_CHECKING:
+        name: str
+        _backend: Backend
+        _policy: BatchPolicy
+        _core: BatchPolicyCore
+        _stats: StatsRecorder
+        _state: SchedulerState
+        _rng: random.Random
+
+        def _refusal(self) -> SchedulerError: ...
+        def _kick(self) -> None: ...
+        def _release(self, item: PolicyItem, outcome: Outcome) -> None: ...
+
+    async def _run_item(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        item: PolicyItem,
+        request: ChatRequest,
+        timeout: float | None,  # noqa: ASYNC109 - submit's contract
+        max_retries: int,
+        on_chunk: Callable[[ChatChunk], None] | None,
+        sibling: SiblingInfo | None,
+        check: Callable[[ChatResponse], None] | None,
+    ) -> ChatResponse:
+        try:
+            if timeout is None:
+                return await self._execute(
+                    loop, item, request, max_retries, on_chunk, sibling, check
+                )
+            cm = asyncio.timeout(timeout)
+            try:
+                async with cm:
+                    return await self._execute(
+                        loop, item, request, max_retries, on_chunk, sibling, check
+                    )
+            except TimeoutError as exc:
+                if not cm.expired():
+                    raise
+                self._stats.timed_out += 1
+                err = BatchTimeoutError(
+                    f"request {request.request_id or '<no id>'} did not finish within "
+                    f"{timeout} s ({item.queued_s:.3f} s of it waiting for a slot). Raise "
+                    "`timeout`, or lower the load (fewer siblings, higher max_inflight).",
+                    timeout_s=timeout,
+                    queued_s=item.queued_s,
+                    request_id=request.request_id or None,
+                )
+                self._stats.record_failure(err)
+                log_failure(self.name, request.request_id, sibling, err, attempt=0)
+                raise err from exc
+        except asyncio.CancelledError:
+            self._stats.cancelled += 1
+            raise
+
+    async def _execute(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        item: PolicyItem,
+        request: ChatRequest,
+        max_retries: int,
+        on_chunk: Callable[[ChatChunk], None] | None,
+        sibling: SiblingInfo | None,
+        check: Callable[[ChatResponse], None] | None,
+    ) -> ChatResponse:
+        core = self._core
+        clock = time.monotonic
+        t0 = clock()
+        delivered = 0
+        cb = on_chunk
+        if on_chunk is not None and request.stream:
+
+            def cb(chunk: ChatChunk) -> None:
+                # Only content and tool-call fragments reach the caller's output; a
+                # stream that fails before the first of them is retried like any call.
+                nonlocal delivered
+                if chunk.content or chunk.tool_call_chunks:
+                    delivered += 1
+                on_chunk(chunk)
+
+        attempt = 0
+        while True:
+            try:
+                now = clock()
+                if core.try_acquire(item, now):
+                    resp = await self._call(item, request, cb)
+                else:
+                    fut: asyncio.Future[ChatResponse | None] = loop.create_future()
+                    item.future = fut
+                    core.enqueue(item, now)
+                    if core.slots_free and core.ready:
+                        self._kick()
+                    try:
+                        res = await fut
+                    except asyncio.CancelledError:
+                        self._abandon(item)
+                        raise
+                    resp = res if res is not None else await self._call(item, request, cb)
+                if check is not None:
+                    check(resp)
+            except Exception as exc:
+                if isinstance(exc, MalformedToolCallError):
+                    self._stats.malformed_tool_calls += 1
+                if self._state is not SchedulerState.OPENED or not retryable(
+                    exc, attempt=attempt, max_retries=max_retries, delivered=delivered
+                ):
+                    self._stats.record_failure(exc)
+                    log_failure(
+                        self.name,
+                        request.request_id,
+                        sibling,
+                        exc,
+                        attempt=attempt,
+                        delivered=delivered,
+                    )
+                    raise
+                attempt += 1
+                self._stats.record_retry(exc)
+                delay = backoff(self._policy, self._rng, attempt, exc)
+                log_retry(
+                    self.name,
+                    request.request_id,
+                    sibling,
+                    exc,
+                    attempt=attempt,
+                    max_retries=max_retries,
+                    delay=delay,
+                )
+                await asyncio.sleep(delay)
+                if self._state is not SchedulerState.OPENED:
+                    refusal = self._refusal()
+                    self._stats.record_failure(refusal)
+                    raise refusal from exc
+                continue
+            self._stats.record_success(
+                queue_wait=item.queued_s, latency=clock() - t0, usage=resp.usage
+            )
+            return replace(resp, queue_wait_s=item.queued_s)
+
+    async def _call(
+        self,
+        item: PolicyItem,
+        request: ChatRequest,
+        cb: Callable[[ChatChunk], None] | None,
+    ) -> ChatResponse:
+        self._stats.record_dispatch()
+        try:
+            if item.leading:
+                resp = await self._call_leader(item, request, cb)
+            else:
+                resp = await self._backend.chat(request, on_chunk=cb)
+        except BaseException as exc:
+            self._release(item, outcome_of(exc))
+            raise
+        self._release(item, Outcome.OK)
+        return resp
+
+    async def _call_leader(
+        self,
+        item: PolicyItem,
+        request: ChatRequest,
+        cb: Callable[[ChatChunk], None] | None,
+    ) -> ChatResponse:
+        # The prefix leader: the first streamed chunk means the server has run
+        # the prefill (and cached the prefix), so the held followers may go.
+        # A non-streaming leader is streamed internally; chat() returns the
+        # aggregated response either way. Its caller's on_chunk (if any) is
+        # not called, as for any non-streaming request.
+        user_cb = cb if request.stream else None
+        seen = False
+
+        def first(chunk: ChatChunk) -> None:
+            nonlocal seen
+            if not seen:
+                seen = True
+                if self._state is SchedulerState.OPENED and self._core.on_first_token(
+                    item, time.monotonic()
+                ):
+                    self._kick()
+            if user_cb is not None:
+                user_cb(chunk)
+
+        if not request.stream:
+            request = replace(request, stream=True)
+        return await self._backend.chat(request, on_chunk=first)
+
+    def _abandon(self, item: PolicyItem) -> None:
+        # The caller was cancelled while parked on its future.
+        if item.state == QUEUED or item.state == HELD:
+            core = self._core
+            core.withdraw(item, time.monotonic())  # counts its wait into queued_s
+            if core.ready and core.slots_free:
+                self._kick()  # a withdrawn leader may have handed the lead on
+        elif item.state == RUNNING and not item.in_batch:
+            # Granted but never started: give the slot straight back.
+            self._release(item, Outcome.CANCELLED)
