@@ -72,7 +72,7 @@ async def _direct(n: int) -> float:
 async def _scheduled(n: int, max_inflight: int) -> float:
     backend = ZeroLatencyBackend()
     reqs = _requests(n)
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=max_inflight)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=max_inflight)) as s:
         t0 = time.process_time()
         await asyncio.gather(*(s.submit(r, turn=i % 4) for i, r in enumerate(reqs)))
         cpu = time.process_time() - t0

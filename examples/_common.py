@@ -161,7 +161,7 @@ def settings() -> Settings:
                 _settings.url,
                 api_key=_api_key(),  # the recipe, not the model, builds the backend
             ),
-            policy=BatchPolicy(max_inflight=MAX_INFLIGHT),
+            policy=BatchPolicy(inflight_limit=MAX_INFLIGHT),
             replace=True,
         )
         return _settings

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from langgraph_batch._progress import ProgressBar, render_progress
+from langgraph_batch._progress import render_progress
 from langgraph_batch._version import __version__
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import (
@@ -38,10 +38,9 @@ from langgraph_batch.errors import (
     SchedulerError,
     SiblingFailedError,
 )
-from langgraph_batch.nodes import FanOutNode, SiblingError, fan_out
-from langgraph_batch.scheduler import BatchPolicy, Scheduler, SchedulerState, SchedulerStats
-from langgraph_batch.tools import BatchToolNode, coalesce
-from langgraph_batch.tools._stats import ToolStats, tool_stats
+from langgraph_batch.nodes import SiblingError, fan_out
+from langgraph_batch.scheduler import BatchPolicy, Scheduler
+from langgraph_batch.tools import BatchToolNode, coalesce, tool_stats
 
 if TYPE_CHECKING:
     from langgraph_batch.tools._middleware import BatchMiddleware
@@ -61,26 +60,32 @@ __all__ = (
     "BatchToolNode",
     "BatchedChatModel",
     "ContextLengthExceededError",
-    "FanOutNode",
     "LangGraphBatchError",
     "MalformedToolCallError",
     "ModelNotFoundError",
-    "ProgressBar",
     "Scheduler",
     "SchedulerClosedError",
     "SchedulerDeadError",
     "SchedulerError",
-    "SchedulerState",
-    "SchedulerStats",
     "SiblingError",
     "SiblingFailedError",
-    "ToolStats",
     "__version__",
     "coalesce",
     "fan_out",
     "render_progress",
     "tool_stats",
 )
+
+
+# Names that left the top level (0.2.0): still importable from here, with a
+# DeprecationWarning naming their home.
+_MOVED = {
+    "FanOutNode": "langgraph_batch.nodes",
+    "ProgressBar": "langgraph_batch._progress",
+    "SchedulerState": "langgraph_batch.scheduler",
+    "SchedulerStats": "langgraph_batch.scheduler",
+    "ToolStats": "langgraph_batch.tools",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -90,4 +95,15 @@ def __getattr__(name: str) -> Any:
         from langgraph_batch.tools._middleware import BatchMiddleware
 
         return BatchMiddleware
+    home = _MOVED.get(name)
+    if home is not None:
+        import importlib
+        import warnings
+
+        warnings.warn(
+            f"langgraph_batch.{name} is deprecated at the top level: import it from {home}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -540,7 +540,7 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
         """
         cap = self.max_inflight
         return BatchPolicy(
-            max_inflight=cap,
+            inflight_limit=cap,
             inflight_cap=cap,
             initial_inflight=min(_INITIAL_INFLIGHT, cap),
         )

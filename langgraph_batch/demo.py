@@ -276,7 +276,7 @@ async def _run_batched(
         "requests": stats.completed,
         "failed": stats.failed,
         "retries": stats.retries,
-        "max_inflight": stats.max_inflight,
+        "max_inflight": stats.inflight_limit,
         "slot_utilisation": stats.slot_utilisation,
         "batches": stats.batches,
         "batch_size_mean": stats.batch_size_mean,

@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 from langgraph_batch.backends._factory import backend_from_url, backend_key
-from langgraph_batch.backends._http import make_request_id
 from langgraph_batch.backends.base import (
     Backend,
     BackendCapabilities,
@@ -51,5 +50,4 @@ __all__ = (
     "VLLMBackend",
     "backend_from_url",
     "backend_key",
-    "make_request_id",
 )

@@ -138,7 +138,7 @@ class FanOutSpec:
             except ImportError:
                 return None
             try:
-                return registry.get_scheduler(sched)
+                return registry.find_scheduler(sched)
             except Exception:
                 logger.debug("fan_out: no scheduler named %s", sched, exc_info=True)
                 return None

@@ -4,25 +4,34 @@
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import scheduler_for
 
-async with Scheduler(backend, policy=BatchPolicy(max_inflight=64), name="main") as s:
+async with Scheduler(backend, policy=BatchPolicy(inflight_limit=64), name="main") as s:
     resp = await s.submit(request, turn=2)
 ```
 """
 
 from __future__ import annotations
 
+from langgraph_batch.scheduler._capacity import KVLedger
 from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._runner import Scheduler
 from langgraph_batch.scheduler._state import SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats
-from langgraph_batch.scheduler.registry import get_scheduler, register_scheduler, scheduler_for
+from langgraph_batch.scheduler.registry import (
+    find_scheduler,
+    register_scheduler,
+    scheduler_for,
+)
+from langgraph_batch.scheduler.registry import (
+    get_scheduler as get_scheduler,  # deprecated: find_scheduler
+)
 
 __all__ = (
     "BatchPolicy",
+    "KVLedger",
     "Scheduler",
     "SchedulerState",
     "SchedulerStats",
-    "get_scheduler",
+    "find_scheduler",
     "register_scheduler",
     "scheduler_for",
 )

@@ -5,6 +5,8 @@ The decision logic that applies it lives in `_policy.py` (`BatchPolicyCore`).
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,14 +28,17 @@ class BatchPolicy:
     """How a `Scheduler` queues, admits, batches and retries requests.
 
     Every field has a working default; the ones most worth tuning are
-    `max_inflight` (engine load) and `priority`.
+    `inflight_limit` (engine load) and `priority`.
 
     The in-flight limit: without engine metrics (a plain OpenAI-compatible
-    server) it is `max_inflight`, lowered temporarily after 429/503. With
+    server) it is `inflight_limit`, lowered temporarily after 429/503. With
     engine metrics (vLLM, SGLang) it starts at `initial_inflight` (default
-    `max_inflight`) and adapts between `min_inflight` and `hard_cap`
-    (`inflight_cap`, default 4 x `max_inflight`). To promise a server "never
-    more than N", set `inflight_cap=N` (and `max_inflight <= N`).
+    `inflight_limit`) and adapts between `min_inflight` and `hard_cap`
+    (`inflight_cap`, default 4 x `inflight_limit`). To promise a server "never
+    more than N", set `inflight_cap=N` (and `inflight_limit <= N`).
+    (`BatchedChatModel(max_inflight=N)` is that hard cap: its default policy
+    sets `inflight_limit=inflight_cap=N`.) `max_inflight=` is the deprecated
+    spelling of `inflight_limit=`.
 
     The decode cap (`decode_cap`, on by default): with metrics that count
     generated tokens, agent requests are also held near the concurrency past
@@ -44,7 +49,7 @@ class BatchPolicy:
         ```python
         from langgraph_batch.scheduler import BatchPolicy, Scheduler
 
-        policy = BatchPolicy(max_inflight=128, priority="las", max_retries=3)
+        policy = BatchPolicy(inflight_limit=128, priority="las", max_retries=3)
         scheduler = Scheduler(backend, policy=policy, name="main")
         ```
 
@@ -52,19 +57,19 @@ class BatchPolicy:
         ValueError: a field is out of range (the message names it).
     """
 
-    max_inflight: int = 64
+    inflight_limit: int = 64
     """The base limit: without engine metrics, the limit (and its ceiling);
     with them, the starting limit unless `initial_inflight` is set."""
     min_inflight: int = 1
     """Floor the adaptive limit never shrinks below."""
     inflight_cap: int | None = None
     """Hard cap: never more requests on the wire than this (None: 4 x
-    `max_inflight`). The limit grows towards it only on engine metrics."""
+    `inflight_limit`). The limit grows towards it only on engine metrics."""
     initial_inflight: int | None = None
     """With engine metrics: the limit at start, between `min_inflight` and the
-    hard cap (None: `max_inflight`). Ignored without metrics."""
+    hard cap (None: `inflight_limit`). Ignored without metrics."""
     adaptive: bool = True
-    """Adapt the limit. False: exactly `max_inflight` slots, always."""
+    """Adapt the limit. False: exactly `inflight_limit` slots, always."""
     slow_start: bool = True
     """With engine metrics: double the limit per sample while the engine has no
     queue and we are limit-bound, until the first 429/503/preemption; then grow
@@ -124,18 +129,18 @@ class BatchPolicy:
     per-request latency."""
 
     def __post_init__(self) -> None:
-        _check_int("max_inflight", self.max_inflight, 1)
+        _check_int("inflight_limit", self.inflight_limit, 1)
         _check_int("min_inflight", self.min_inflight, 1)
-        if self.min_inflight > self.max_inflight:
+        if self.min_inflight > self.inflight_limit:
             raise ValueError(
-                f"min_inflight={self.min_inflight} must be <= max_inflight={self.max_inflight}"
+                f"min_inflight={self.min_inflight} must be <= inflight_limit={self.inflight_limit}"
             )
         if self.inflight_cap is not None:
             _check_int("inflight_cap", self.inflight_cap, 1)
-            if self.inflight_cap < self.max_inflight:
+            if self.inflight_cap < self.inflight_limit:
                 raise ValueError(
                     f"inflight_cap={self.inflight_cap} must be >= "
-                    f"max_inflight={self.max_inflight} (or None)"
+                    f"inflight_limit={self.inflight_limit} (or None)"
                 )
         if self.initial_inflight is not None:
             _check_int("initial_inflight", self.initial_inflight, 1)
@@ -205,8 +210,8 @@ class BatchPolicy:
     def hard_cap(self) -> int:
         """The most slots the adaptive limit may reach."""
         if not self.adaptive:
-            return self.max_inflight
-        return self.inflight_cap if self.inflight_cap is not None else 4 * self.max_inflight
+            return self.inflight_limit
+        return self.inflight_cap if self.inflight_cap is not None else 4 * self.inflight_limit
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> BatchPolicy:
@@ -223,16 +228,46 @@ class BatchPolicy:
 
         Example:
             ```python
-            BatchPolicy.from_dict({"max_inflight": 32, "priority": "fifo"})
+            BatchPolicy.from_dict({"inflight_limit": 32, "priority": "fifo"})
             ```
         """
-        known = set(cls.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__) | {"max_inflight"}
         unknown = sorted(set(config) - known)
         if unknown:
             raise ValueError(
                 f"unknown BatchPolicy field(s) {unknown}; known fields: {sorted(known)}"
             )
         return cls(**config)
+
+
+_DEPRECATED_MAX_INFLIGHT = (
+    "BatchPolicy's max_inflight is deprecated: it is inflight_limit (BatchedChatModel's "
+    "max_inflight, the hard cap, keeps its name)"
+)
+_dataclass_init = BatchPolicy.__init__
+
+
+def _init_accepting_max_inflight(self: BatchPolicy, **fields: Any) -> None:
+    # The deprecated keyword, outside the dataclass's fields so that
+    # `dataclasses.replace` and `fields()` never see it.
+    if "max_inflight" in fields:
+        warnings.warn(_DEPRECATED_MAX_INFLIGHT, DeprecationWarning, stacklevel=2)
+        old = fields.pop("max_inflight")
+        if "inflight_limit" in fields:
+            raise TypeError("pass inflight_limit= only (max_inflight= is its deprecated name)")
+        fields["inflight_limit"] = old
+    _dataclass_init(self, **fields)
+
+
+def _max_inflight(self: BatchPolicy) -> int:
+    warnings.warn(_DEPRECATED_MAX_INFLIGHT, DeprecationWarning, stacklevel=2)
+    return self.inflight_limit
+
+
+_init_accepting_max_inflight.__doc__ = _dataclass_init.__doc__
+_init_accepting_max_inflight.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
+BatchPolicy.__init__ = _init_accepting_max_inflight  # type: ignore[method-assign]
+BatchPolicy.max_inflight = property(_max_inflight, doc="Deprecated: `inflight_limit`.")  # type: ignore[attr-defined]
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

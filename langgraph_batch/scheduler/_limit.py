@@ -11,7 +11,7 @@ most once per metrics sample, either when the sample arrives or, when we were
 not limit-bound then, at the first limit-bound event while that sample is
 fresh (younger than `metrics_interval_s`). HTTP 429/503 and a rising
 `num_preemptions_total` shrink the limit multiplicatively and end slow start.
-Without engine metrics the limit starts at `max_inflight` and only recovers
+Without engine metrics the limit starts at `inflight_limit` and only recovers
 towards it after a decrease, never beyond.
 """
 
@@ -30,7 +30,7 @@ class InflightLimit:
 
     Example:
         ```python
-        limit = InflightLimit(BatchPolicy(max_inflight=64), has_metrics=True)
+        limit = InflightLimit(BatchPolicy(inflight_limit=64), has_metrics=True)
         limit.on_bound(now)                  # every slot used, requests waiting
         limit.on_metrics(sample, now, bound_now=True)
         limit.decrease(now)                  # a 429
@@ -40,12 +40,12 @@ class InflightLimit:
     def __init__(self, policy: BatchPolicy, *, has_metrics: bool) -> None:
         self.policy = policy
         self._has_metrics = has_metrics
-        self._base = float(policy.max_inflight)
+        self._base = float(policy.inflight_limit)
         self._floor = float(policy.min_inflight)
         self._cap = float(policy.hard_cap)
         self.adapting = has_metrics and policy.adaptive
         """Whether engine metrics drive the limit (and the decode cap may run)."""
-        start = policy.max_inflight
+        start = policy.inflight_limit
         if self.adapting and policy.initial_inflight is not None:
             start = policy.initial_inflight
         self.exact = float(start)
@@ -80,7 +80,7 @@ class InflightLimit:
         return False
 
     def on_ok(self, *, queued: bool) -> None:
-        """A call succeeded: without metrics, recover towards `max_inflight` (~+1 per window)."""
+        """A call succeeded: without metrics, recover towards `inflight_limit` (~+1 per window)."""
         if self.policy.adaptive and not self._has_metrics and self.exact < self._base and queued:
             self._set(min(self._base, self.exact + 1.0 / self.exact))
 

@@ -68,14 +68,14 @@ class BatchPolicyCore:
         batching: whether batchable items may be collected into batches (the
             backend supports `complete_batch` and the policy enables it).
         has_metrics: whether engine metrics will arrive (`on_metrics`); without
-            them the limit starts at `max_inflight` and never grows beyond it;
+            them the limit starts at `inflight_limit` and never grows beyond it;
             with them it starts at `initial_inflight` and adapts up to the cap.
         warming: hold items whose `prefix` is being warmed (see `_warming`);
             usually `policy.warms_prefixes(flavor)`.
 
     Example:
         ```python
-        core = BatchPolicyCore(BatchPolicy(max_inflight=2))
+        core = BatchPolicyCore(BatchPolicy(inflight_limit=2))
         a, b, c = PolicyItem(turn=0), PolicyItem(turn=2), PolicyItem(turn=1)
         for it in (a, b, c):
             core.enqueue(it, now=0.0)

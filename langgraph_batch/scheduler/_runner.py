@@ -88,7 +88,7 @@ def live_schedulers() -> list[Scheduler]:
 class Scheduler(RequestAttempts, DispatchLoop):
     """Queues LLM requests of many callers and sends them to one backend.
 
-    At most `policy.max_inflight` requests (adaptive) are on the wire; the
+    At most `policy.inflight_limit` requests (adaptive) are on the wire; the
     rest wait in priority order (depth-first by default: callers further
     along go first, FIFO among equals). Batchable requests may go out
     together through `backend.complete_batch`. Retryable failures are
@@ -108,7 +108,7 @@ class Scheduler(RequestAttempts, DispatchLoop):
         ```python
         from langgraph_batch.scheduler import BatchPolicy, Scheduler
 
-        async with Scheduler(backend, policy=BatchPolicy(max_inflight=64)) as s:
+        async with Scheduler(backend, policy=BatchPolicy(inflight_limit=64)) as s:
             resp = await s.submit(request, turn=2, sibling=current_sibling())
             print(resp.content, s.stats().in_flight)
         ```
@@ -228,7 +228,7 @@ class Scheduler(RequestAttempts, DispatchLoop):
         Example:
             ```python
             s = scheduler.stats()
-            print(s.queued, s.in_flight, s.max_inflight, s.latency_p95)
+            print(s.queued, s.in_flight, s.inflight_limit, s.latency_p95)
             ```
         """
         core = self._core
@@ -238,7 +238,7 @@ class Scheduler(RequestAttempts, DispatchLoop):
         return SchedulerStats(
             queued=core.queued,
             in_flight=core.in_flight,
-            max_inflight=core.limit,
+            inflight_limit=core.limit,
             completed=rec.completed,
             failed=rec.failed,
             retries=rec.retries,

@@ -7,6 +7,7 @@ deque appends per request) and summarised only when `stats()` is called.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ class SchedulerStats:
     Example:
         ```python
         s = scheduler.stats()
-        print(f"{s.in_flight}/{s.max_inflight} on the wire, {s.queued} queued, "
+        print(f"{s.in_flight}/{s.inflight_limit} on the wire, {s.queued} queued, "
               f"p95 queue wait {s.queue_wait_p95 * 1000:.1f} ms")
         ```
     """
@@ -35,8 +36,8 @@ class SchedulerStats:
     """Requests waiting for a slot now (those held behind a prefix warm-up included)."""
     in_flight: int
     """Requests on the wire now (a batch counts once per member)."""
-    max_inflight: int
-    """The current adaptive in-flight limit."""
+    inflight_limit: int
+    """The current adaptive in-flight limit (was `max_inflight`, a deprecated alias)."""
     completed: int
     """Requests that returned a response."""
     failed: int
@@ -85,6 +86,16 @@ class SchedulerStats:
     decode_cap: int | None = None
     """Agent requests the decode cap lets decode at once now, learned from the
     engine's metrics (None: not capping; see `BatchPolicy.decode_cap`)."""
+
+    @property
+    def max_inflight(self) -> int:
+        """Deprecated: `inflight_limit`."""
+        warnings.warn(
+            "SchedulerStats.max_inflight is deprecated: read inflight_limit",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.inflight_limit
 
 
 class StatsRecorder:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from langgraph_batch.scheduler._state import SchedulerState
 
 __all__ = (
     "BackendWrapper",
+    "find_scheduler",
     "get_scheduler",
     "known_schedulers",
     "loop_schedulers",
@@ -125,7 +127,7 @@ def scheduler_for(
         key: what identifies the endpoint (set), e.g. `backend.key`.
         backend_factory: builds the backend when a scheduler must be created.
         policy: the policy of a newly created scheduler.
-        name: also make the scheduler findable by `get_scheduler(name)` in this loop.
+        name: also make the scheduler findable by `find_scheduler(name)` in this loop.
         backend_key: with a `name` that is not registered: the key of the backend
             the caller means to use. A scheduler an earlier caller created under
             that name for another backend key (other credentials) is refused.
@@ -215,7 +217,7 @@ def register_scheduler(
     policy: BatchPolicy | None = None,
     replace: bool = False,
 ) -> Scheduler | None:
-    """Make a scheduler findable by name with `get_scheduler(name)`.
+    """Make a scheduler findable by name with `find_scheduler(name)`.
 
     Two forms: register an instance under its `name`, or register a recipe
     under a name (`backend_factory`, optional `policy`) from which one
@@ -238,7 +240,7 @@ def register_scheduler(
     Example:
         ```python
         register_scheduler("main", backend_factory=lambda: backend_from_url(url),
-                           policy=BatchPolicy(max_inflight=128))
+                           policy=BatchPolicy(inflight_limit=128))
         llm = BatchedChatModel(model="m", base_url=url, scheduler="main")
         ```
     """
@@ -286,7 +288,7 @@ def unregister_scheduler(name: str) -> None:
 
 
 def known_schedulers() -> list[str]:
-    """Every name `get_scheduler` can find now from the running loop (sorted).
+    """Every name `find_scheduler` can find now from the running loop (sorted).
 
     Example:
         ```python
@@ -321,8 +323,12 @@ def loop_schedulers() -> list[Scheduler]:
     return [s for s in (_by_loop.get(loop) or {}).values() if _usable(s, loop)]
 
 
-def get_scheduler(name: str) -> Scheduler:
+def find_scheduler(name: str) -> Scheduler:
     """The scheduler registered (or created by `scheduler_for`) under `name`.
+
+    (`BatchedChatModel.get_scheduler()` is another thing: the scheduler that
+    model's calls use; this finds one by name. `get_scheduler(name)` is the
+    deprecated name of this function.)
 
     Looks up, in order: names given to `scheduler_for(name=...)` in the
     running loop, instances from `register_scheduler(scheduler)`, then
@@ -340,7 +346,7 @@ def get_scheduler(name: str) -> Scheduler:
 
     Example:
         ```python
-        s = get_scheduler("main")
+        s = find_scheduler("main")
         resp = await s.submit(request)
         ```
     """
@@ -362,7 +368,7 @@ def get_scheduler(name: str) -> Scheduler:
     if recipe is not None:
         if loop is None:
             raise RuntimeError(
-                f"get_scheduler({name!r}) builds its scheduler in the running event loop; "
+                f"find_scheduler({name!r}) builds its scheduler in the running event loop; "
                 "call it from async code"
             )
         return scheduler_for(
@@ -376,3 +382,14 @@ def get_scheduler(name: str) -> Scheduler:
         "Register one with register_scheduler(...) or create it with "
         "scheduler_for(key=..., backend_factory=..., name=...)."
     )
+
+
+def get_scheduler(name: str) -> Scheduler:
+    """Deprecated: `find_scheduler(name)` (a DeprecationWarning)."""
+    warnings.warn(
+        "langgraph_batch.scheduler.get_scheduler(name) is deprecated: use "
+        "find_scheduler(name) (BatchedChatModel.get_scheduler() is unchanged)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return find_scheduler(name)

@@ -46,12 +46,7 @@ from langgraph.prebuilt.tool_node import (
 )
 
 from langgraph_batch.tools._hooks import Execute, ToolResult, coalesced_call, in_tool_call
-from langgraph_batch.tools._policy import (
-    CoalescePolicy,
-    coalesce,
-    coalesce_policy,
-    forget_run,
-)
+from langgraph_batch.tools._policy import CoalescePolicy, coalesce, coalesce_policy
 from langgraph_batch.tools._stats import ToolStats, reset_tool_stats, tool_stats
 
 if TYPE_CHECKING:
@@ -64,9 +59,6 @@ __all__ = (
     "ToolStats",
     "coalesce",
     "coalesce_policy",
-    "coalesced_call",
-    "forget_run",
-    "in_tool_call",
     "reset_tool_stats",
     "tool_stats",
 )

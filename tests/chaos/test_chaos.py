@@ -259,7 +259,7 @@ def build(url: str) -> tuple[Any, ChaosModel]:
         max_tokens=256,
         max_retries=8,
         policy=BatchPolicy(
-            max_inflight=64,
+            inflight_limit=64,
             inflight_cap=64,
             initial_inflight=64,
             backoff_base_s=0.05,

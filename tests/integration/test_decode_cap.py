@@ -120,7 +120,7 @@ async def test_long_context_siblings_decode_in_waves(start_emulator: Callable[..
     url = await asyncio.to_thread(
         start_emulator, profile="h100-llama3-8b", scenario="echo", time_scale=3.0
     )
-    policy = BatchPolicy(max_inflight=64, inflight_cap=256, metrics_interval_s=0.02)
+    policy = BatchPolicy(inflight_limit=64, inflight_cap=256, metrics_interval_s=0.02)
     rows, stats, max_cap = await run_fan_out(url, policy)
     assert stats.decode_cap is not None
     peak = decoding_at_once(rows)
@@ -132,7 +132,9 @@ async def test_long_context_siblings_decode_in_waves(start_emulator: Callable[..
     # Siblings finish wave after wave: the first quarter well before the last.
     assert spread(rows) > 0.3
 
-    off = BatchPolicy(max_inflight=64, inflight_cap=256, metrics_interval_s=0.02, decode_cap=False)
+    off = BatchPolicy(
+        inflight_limit=64, inflight_cap=256, metrics_interval_s=0.02, decode_cap=False
+    )
     rows_off, stats_off, _ = await run_fan_out(url, off)
     assert stats_off.decode_cap is None
     # Without it everyone decodes together, and finishes together.

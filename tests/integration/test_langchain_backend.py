@@ -138,7 +138,7 @@ async def test_fan_out_of_agents_with_injected_429s(
         model=MODEL,
         backend=backend,
         max_retries=10,
-        policy=BatchPolicy(max_inflight=8, backoff_base_s=0.01),
+        policy=BatchPolicy(inflight_limit=8, backoff_base_s=0.01),
     )
     executions: Counter[str] = Counter()
 

@@ -83,7 +83,7 @@ async def _run(urls: list[str], routing: str, *, via_model: bool = False) -> dic
                 await llm.get_scheduler().aclose()
                 await pool.aclose()
         else:
-            scheduler = Scheduler(pool, policy=BatchPolicy(max_inflight=64), owns_backend=True)
+            scheduler = Scheduler(pool, policy=BatchPolicy(inflight_limit=64), owns_backend=True)
             async with scheduler, asyncio.TaskGroup() as tg:
                 for i in range(SIBLINGS):
                     tg.create_task(_sibling(scheduler, i))

@@ -96,7 +96,7 @@ async def _blocker(client: httpx.AsyncClient, url: str) -> int:
 async def _run(url: str, scheme: str, mode: str) -> tuple[dict[str, Any], SchedulerStats]:
     """The burst through a Scheduler; emulator counters without the blocker's tokens."""
     backend = backend_from_url(f"{scheme}://{url.removeprefix('http://')}")
-    policy = BatchPolicy(max_inflight=64, prefix_warming=mode)  # type: ignore[arg-type]
+    policy = BatchPolicy(inflight_limit=64, prefix_warming=mode)  # type: ignore[arg-type]
     async with httpx.AsyncClient(timeout=30.0) as client:
         (await client.post(f"{url}/emulator/reset")).raise_for_status()
         blocker = asyncio.create_task(_blocker(client, url))

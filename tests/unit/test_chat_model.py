@@ -157,7 +157,7 @@ def test_default_policy_caps_at_256_and_starts_at_64() -> None:
     llm = BatchedChatModel(model="m", backend=FakeBackend(base_url="fake://default-policy"))
     assert llm.max_inflight == 256
     policy = llm.default_policy()
-    assert (policy.hard_cap, policy.initial_inflight, policy.max_inflight) == (256, 64, 256)
+    assert (policy.hard_cap, policy.initial_inflight, policy.inflight_limit) == (256, 64, 256)
     assert BatchedChatModel(model="m", max_inflight=32).default_policy().initial_inflight == 32
 
 
@@ -170,7 +170,7 @@ async def test_named_and_explicit_schedulers() -> None:
     sched = named.get_scheduler()
     assert sched.name == "my-sched"
     # max_inflight is the hard cap: the adaptive limit may shrink, never grow past it.
-    assert sched.policy.max_inflight == 4
+    assert sched.policy.inflight_limit == 4
     assert sched.policy.inflight_cap == 4
     assert sched.policy.hard_cap == 4
     assert sched.policy.initial_inflight == 4

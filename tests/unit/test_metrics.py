@@ -57,7 +57,7 @@ def test_enable_is_idempotent_and_disable_unregisters() -> None:
 
 
 async def test_calls_are_counted_with_tokens_and_latencies(registry: CollectorRegistry) -> None:
-    async with Scheduler(InstantBackend(), policy=BatchPolicy(max_inflight=4)) as s:
+    async with Scheduler(InstantBackend(), policy=BatchPolicy(inflight_limit=4)) as s:
         for i in range(3):
             await s.submit(request(f"r{i}"))
         name = s.name
@@ -81,7 +81,7 @@ async def test_retries_and_failures_by_error_type(registry: CollectorRegistry) -
     backend = GatedBackend(open_gate=True)
     backend.failures["retried"] = [BackendServerError("503")]
     backend.failures["refused"] = [BackendBadRequestError("400")]
-    policy = BatchPolicy(max_inflight=2, backoff_base_s=0.0, backoff_max_s=0.0)
+    policy = BatchPolicy(inflight_limit=2, backoff_base_s=0.0, backoff_max_s=0.0)
     async with Scheduler(backend, policy=policy) as s:
         await s.submit(request("retried"))
         with pytest.raises(BackendBadRequestError):
@@ -236,12 +236,12 @@ async def test_gauges_skip_closed_schedulers_and_sum_a_shared_name(
     registry: CollectorRegistry,
 ) -> None:
     # A closed scheduler of the same name (an earlier asyncio.run) must not hide the live one.
-    async with Scheduler(InstantBackend(), policy=BatchPolicy(max_inflight=5), name="dup"):
+    async with Scheduler(InstantBackend(), policy=BatchPolicy(inflight_limit=5), name="dup"):
         pass
     backend = GatedBackend()
     async with (
-        Scheduler(backend, policy=BatchPolicy(max_inflight=3), name="dup") as a,
-        Scheduler(InstantBackend(), policy=BatchPolicy(max_inflight=4), name="dup"),
+        Scheduler(backend, policy=BatchPolicy(inflight_limit=3), name="dup") as a,
+        Scheduler(InstantBackend(), policy=BatchPolicy(inflight_limit=4), name="dup"),
     ):
         call = asyncio.ensure_future(a.submit(request("held")))
         await backend.wait_running(1)

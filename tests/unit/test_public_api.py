@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import langgraph_batch
 from langgraph_batch import backends, scheduler
 
@@ -20,20 +22,15 @@ EXPECTED_TOP_LEVEL = {
     "BatchToolNode",
     "BatchedChatModel",
     "ContextLengthExceededError",
-    "FanOutNode",
     "LangGraphBatchError",
     "MalformedToolCallError",
     "ModelNotFoundError",
-    "ProgressBar",
     "Scheduler",
     "SchedulerClosedError",
     "SchedulerDeadError",
     "SchedulerError",
-    "SchedulerState",
-    "SchedulerStats",
     "SiblingError",
     "SiblingFailedError",
-    "ToolStats",
     "__version__",
     "coalesce",
     "fan_out",
@@ -79,9 +76,79 @@ def test_subpackages_export_their_pieces() -> None:
     assert {"Backend", "OpenAICompatibleBackend", "VLLMBackend", "SGLangBackend"} <= set(
         backends.__all__
     )
-    assert {"Scheduler", "BatchPolicy", "SchedulerStats", "SchedulerState"} <= set(
-        scheduler.__all__
-    )
+    assert set(scheduler.__all__) == {
+        "BatchPolicy",
+        "KVLedger",
+        "Scheduler",
+        "SchedulerState",
+        "SchedulerStats",
+        "find_scheduler",
+        "register_scheduler",
+        "scheduler_for",
+    }
+    from langgraph_batch import nodes, tools
+
+    assert set(nodes.__all__) == {"FanOutNode", "SiblingError", "fan_out"}
+    assert set(tools.__all__) == {
+        "BatchMiddleware",
+        "BatchToolNode",
+        "CoalescePolicy",
+        "ToolStats",
+        "coalesce",
+        "coalesce_policy",
+        "reset_tool_stats",
+        "tool_stats",
+    }
+    assert "make_request_id" not in backends.__all__
+
+
+@pytest.mark.parametrize(
+    ("name", "home"),
+    [
+        ("FanOutNode", "langgraph_batch.nodes"),
+        ("ProgressBar", "langgraph_batch._progress"),
+        ("SchedulerState", "langgraph_batch.scheduler"),
+        ("SchedulerStats", "langgraph_batch.scheduler"),
+        ("ToolStats", "langgraph_batch.tools"),
+    ],
+)
+def test_names_that_left_the_top_level_still_import_with_a_warning(name: str, home: str) -> None:
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match=f"import it from {home}"):
+        obj = getattr(langgraph_batch, name)
+    assert obj is getattr(importlib.import_module(home), name)
+    with pytest.raises(AttributeError):
+        langgraph_batch.NoSuchName  # noqa: B018
+
+
+def test_deprecated_names_of_the_in_flight_limit_and_the_registry_lookup() -> None:
+    import dataclasses
+
+    from langgraph_batch.scheduler import BatchPolicy, Scheduler, find_scheduler, registry
+    from tests.unit.scheduler._fakes import InstantBackend
+
+    with pytest.warns(DeprecationWarning, match="inflight_limit"):
+        old = BatchPolicy(max_inflight=7, priority="fifo")
+    assert old == BatchPolicy(inflight_limit=7, priority="fifo")
+    with pytest.warns(DeprecationWarning, match="inflight_limit"):
+        assert Scheduler(InstantBackend(), policy=old).stats().max_inflight == 7
+    with pytest.warns(DeprecationWarning, match="inflight_limit"):
+        assert old.max_inflight == 7
+    with pytest.warns(DeprecationWarning, match="inflight_limit"):
+        assert BatchPolicy.from_dict({"max_inflight": 3}).inflight_limit == 3
+    with (
+        pytest.raises(TypeError, match="inflight_limit= only"),
+        pytest.warns(DeprecationWarning, match="inflight_limit"),
+    ):
+        BatchPolicy(max_inflight=3, inflight_limit=4)  # type: ignore[call-arg]
+    # The alias is no dataclass field: replace() and fields() never see it.
+    assert "max_inflight" not in {f.name for f in dataclasses.fields(BatchPolicy)}
+    assert dataclasses.replace(old, priority="las").inflight_limit == 7
+    with pytest.warns(DeprecationWarning, match="find_scheduler"), pytest.raises(KeyError):
+        registry.get_scheduler("no-such-scheduler")
+    with pytest.raises(KeyError):
+        find_scheduler("no-such-scheduler")
 
 
 EXPECTED_DISTRIBUTED = {

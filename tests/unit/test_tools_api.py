@@ -21,12 +21,11 @@ from langgraph_batch.tools import (
     ToolStats,
     coalesce,
     coalesce_policy,
-    coalesced_call,
-    forget_run,
-    in_tool_call,
     reset_tool_stats,
     tool_stats,
 )
+from langgraph_batch.tools._hooks import coalesced_call, in_tool_call
+from langgraph_batch.tools._policy import forget_run
 from tests.unit._tools_fakes import RecordingAdmission
 
 

@@ -69,7 +69,7 @@ class Weather:
 
 
 def batched(agent: Agent, **kw: Any) -> BatchedChatModel:
-    kw.setdefault("policy", BatchPolicy(max_inflight=4, backoff_base_s=0.005))
+    kw.setdefault("policy", BatchPolicy(inflight_limit=4, backoff_base_s=0.005))
     return BatchedChatModel(
         model="label", backend=LangChainBackend(agent.model), max_retries=5, **kw
     )
@@ -155,7 +155,7 @@ async def test_a_429_shrinks_the_in_flight_limit() -> None:
     assert msg.tool_calls[0]["args"] == {"city": "oslo"}
     stats = llm.get_scheduler().stats()
     assert stats.retries == 1
-    assert stats.max_inflight < 4  # AIMD: lowered by the 429, as over HTTP
+    assert stats.inflight_limit < 4  # AIMD: lowered by the 429, as over HTTP
 
 
 async def test_out_of_retries_the_caller_gets_the_typed_error() -> None:

@@ -9,7 +9,8 @@ from langchain_core.tools import tool
 from langgraph.graph import START, StateGraph
 
 from langgraph_batch._context import SiblingInfo, current_sibling
-from langgraph_batch.nodes import SiblingAdmission, fan_out
+from langgraph_batch.nodes import fan_out
+from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.tools import BatchToolNode
 from tests.unit.nodes.fakes import FakeQueue, ScriptedChatModel
 from tests.unit.nodes.test_fan_out import Parent, hand_built_agent

@@ -33,12 +33,12 @@ def items(*turns: int, **kw: object) -> list[PolicyItem]:
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"max_inflight": 0}, "max_inflight=0"),
-        ({"max_inflight": True}, "max_inflight=True"),
+        ({"inflight_limit": 0}, "inflight_limit=0"),
+        ({"inflight_limit": True}, "inflight_limit=True"),
         ({"min_inflight": 0}, "min_inflight=0"),
-        ({"min_inflight": 5, "max_inflight": 4}, "min_inflight=5"),
+        ({"min_inflight": 5, "inflight_limit": 4}, "min_inflight=5"),
         ({"inflight_cap": 0}, "inflight_cap=0"),
-        ({"inflight_cap": 3, "max_inflight": 4}, "inflight_cap=3"),
+        ({"inflight_cap": 3, "inflight_limit": 4}, "inflight_cap=3"),
         ({"increase_step": 0}, "increase_step"),
         ({"decrease_factor": 1.0}, "decrease_factor"),
         ({"adapt_cooldown_s": -1}, "adapt_cooldown_s"),
@@ -52,8 +52,8 @@ def items(*turns: int, **kw: object) -> list[PolicyItem]:
         ({"timeout": 0}, "timeout=0"),
         ({"stats_window": 0}, "stats_window"),
         ({"initial_inflight": 0}, "initial_inflight=0"),
-        ({"initial_inflight": 3, "min_inflight": 4, "max_inflight": 8}, "initial_inflight=3"),
-        ({"initial_inflight": 9, "max_inflight": 4, "inflight_cap": 8}, "initial_inflight=9"),
+        ({"initial_inflight": 3, "min_inflight": 4, "inflight_limit": 8}, "initial_inflight=3"),
+        ({"initial_inflight": 9, "inflight_limit": 4, "inflight_cap": 8}, "initial_inflight=9"),
         ({"kv_tokens_per_request": 0}, "kv_tokens_per_request=0"),
     ],
 )
@@ -63,11 +63,11 @@ def test_policy_rejects_bad_values(kw: dict[str, object], match: str) -> None:
 
 
 def test_policy_hard_cap_and_from_dict() -> None:
-    assert BatchPolicy(max_inflight=8).hard_cap == 32
-    assert BatchPolicy(max_inflight=8, inflight_cap=10).hard_cap == 10
-    assert BatchPolicy(max_inflight=8, adaptive=False).hard_cap == 8
-    p = BatchPolicy.from_dict({"max_inflight": 3, "priority": "las", "timeout": 2.5})
-    assert (p.max_inflight, p.priority, p.timeout) == (3, "las", 2.5)
+    assert BatchPolicy(inflight_limit=8).hard_cap == 32
+    assert BatchPolicy(inflight_limit=8, inflight_cap=10).hard_cap == 10
+    assert BatchPolicy(inflight_limit=8, adaptive=False).hard_cap == 8
+    p = BatchPolicy.from_dict({"inflight_limit": 3, "priority": "las", "timeout": 2.5})
+    assert (p.inflight_limit, p.priority, p.timeout) == (3, "las", 2.5)
     with pytest.raises(ValueError, match=r"unknown BatchPolicy field\(s\) \['bogus'\]"):
         BatchPolicy.from_dict({"bogus": 1})
 
@@ -76,7 +76,7 @@ def test_policy_hard_cap_and_from_dict() -> None:
 
 
 def test_depth_first_order_and_fifo_among_equals() -> None:
-    c = core(max_inflight=10)
+    c = core(inflight_limit=10)
     a, b, d, e = items(0, 3, 1, 3)
     for i, it in enumerate((a, b, d, e)):
         c.enqueue(it, now=float(i))
@@ -90,7 +90,7 @@ def test_depth_first_order_and_fifo_among_equals() -> None:
 
 
 def test_fifo_mode_ignores_turns() -> None:
-    c = core(max_inflight=10, priority="fifo")
+    c = core(inflight_limit=10, priority="fifo")
     its = items(0, 3, 1, 3)
     for it in its:
         c.enqueue(it, now=0.0)
@@ -98,7 +98,7 @@ def test_fifo_mode_ignores_turns() -> None:
 
 
 def test_las_prefers_least_attained_service() -> None:
-    c = core(max_inflight=1, priority="las")
+    c = core(inflight_limit=1, priority="las")
     long_ = PolicyItem(sibling_id="g/long")
     c.enqueue(long_, 0.0)
     assert c.plan(0.0).dispatch == [long_]
@@ -125,7 +125,7 @@ def test_las_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     import langgraph_batch.scheduler._priority as priority
 
     monkeypatch.setattr(priority, "LAS_MEMORY", 2)
-    c = core(max_inflight=1, priority="las")
+    c = core(inflight_limit=1, priority="las")
     for sid in ("a", "b", "c"):
         c.on_complete(_run_one(c, PolicyItem(sibling_id=sid), 0.0), Outcome.OK, 1.0)
     assert c.attained_service("a") == 0.0  # forgotten, oldest first
@@ -142,7 +142,7 @@ def _run_one(c: BatchPolicyCore, item: PolicyItem, now: float) -> PolicyItem:
 
 
 def test_slots_bound_dispatch_and_release_refills() -> None:
-    c = core(max_inflight=2)
+    c = core(inflight_limit=2)
     its = items(0, 0, 0)
     for it in its:
         c.enqueue(it, 0.0)
@@ -155,7 +155,7 @@ def test_slots_bound_dispatch_and_release_refills() -> None:
 
 
 def test_try_acquire_only_when_uncontended() -> None:
-    c = core(max_inflight=1)
+    c = core(inflight_limit=1)
     a, b, d = items(0, 0, 0)
     assert c.try_acquire(a, 0.0)
     assert a.state == RUNNING
@@ -178,7 +178,7 @@ def test_enqueue_and_complete_misuse() -> None:
 
 
 def test_retry_keeps_its_place() -> None:
-    c = core(max_inflight=1)
+    c = core(inflight_limit=1)
     a, b = items(0, 0)
     c.enqueue(a, 0.0)
     c.enqueue(b, 0.0)
@@ -189,7 +189,7 @@ def test_retry_keeps_its_place() -> None:
 
 
 def test_withdraw_is_lazy_and_compacts() -> None:
-    c = core(max_inflight=1)
+    c = core(inflight_limit=1)
     keep = PolicyItem()
     gone = [PolicyItem() for _ in range(200)]
     for it in gone:
@@ -205,7 +205,7 @@ def test_withdraw_is_lazy_and_compacts() -> None:
 
 
 def test_withdraw_skipped_at_the_top() -> None:
-    c = core(max_inflight=5)
+    c = core(inflight_limit=5)
     a, b = items(5, 0)
     c.enqueue(a, 0.0)
     c.enqueue(b, 0.0)
@@ -216,7 +216,7 @@ def test_withdraw_skipped_at_the_top() -> None:
 
 
 def test_drain_returns_queued_in_submission_order() -> None:
-    c = core(max_inflight=1, batching=True, max_batch_size=4)
+    c = core(inflight_limit=1, batching=True, max_batch_size=4)
     a, b, d = items(0, 9, 3)
     d.batchable = True
     for it in (a, b, d):
@@ -232,7 +232,7 @@ def test_drain_returns_queued_in_submission_order() -> None:
 
 
 def test_batch_window_collects_then_dispatches() -> None:
-    c = core(max_inflight=10, batching=True, batch_window_s=0.002, max_batch_size=8)
+    c = core(inflight_limit=10, batching=True, batch_window_s=0.002, max_batch_size=8)
     bs = [PolicyItem(batchable=True) for _ in range(3)]
     c.enqueue(bs[0], 1.0)
     plan = c.plan(1.0)
@@ -250,7 +250,7 @@ def test_batch_window_collects_then_dispatches() -> None:
 
 
 def test_full_batch_goes_before_the_window_closes() -> None:
-    c = core(max_inflight=10, batching=True, batch_window_s=1.0, max_batch_size=4)
+    c = core(inflight_limit=10, batching=True, batch_window_s=1.0, max_batch_size=4)
     bs = [PolicyItem(batchable=True) for _ in range(6)]
     for it in bs:
         c.enqueue(it, 0.0)
@@ -261,7 +261,7 @@ def test_full_batch_goes_before_the_window_closes() -> None:
 
 
 def test_batches_limited_by_free_slots_and_compete_on_priority() -> None:
-    c = core(max_inflight=3, batching=True, batch_window_s=0.01, max_batch_size=8)
+    c = core(inflight_limit=3, batching=True, batch_window_s=0.01, max_batch_size=8)
     plain_low = PolicyItem(turn=0)
     plain_high = PolicyItem(turn=5)
     bs = [PolicyItem(turn=2, batchable=True) for _ in range(4)]
@@ -280,19 +280,19 @@ def test_batches_limited_by_free_slots_and_compete_on_priority() -> None:
 
 
 def test_batching_off_puts_batchable_in_the_plain_queue() -> None:
-    c = core(max_inflight=2, batching=False)
+    c = core(inflight_limit=2, batching=False)
     a = PolicyItem(batchable=True)
     assert c.try_acquire(a, 0.0)
     b = PolicyItem(batchable=True)
     c.enqueue(b, 0.0)
     assert c.withdraw(b)
     assert c.queued == 0
-    c2 = core(max_inflight=2, batching=True)
+    c2 = core(inflight_limit=2, batching=True)
     assert not c2.try_acquire(PolicyItem(batchable=True), 0.0)
 
 
 def test_withdrawn_batch_members_close_the_window() -> None:
-    c = core(max_inflight=4, batching=True, batch_window_s=0.01, max_batch_size=8)
+    c = core(inflight_limit=4, batching=True, batch_window_s=0.01, max_batch_size=8)
     a, b = PolicyItem(batchable=True), PolicyItem(batchable=True)
     c.enqueue(a, 0.0)
     c.enqueue(b, 0.0)
@@ -317,7 +317,7 @@ def saturate(c: BatchPolicyCore, now: float, extra: int = 1) -> list[PolicyItem]
 
 
 def test_429_decreases_multiplicatively_once_per_cooldown_to_floor() -> None:
-    c = core(max_inflight=10, min_inflight=4, decrease_factor=0.5, adapt_cooldown_s=1.0)
+    c = core(inflight_limit=10, min_inflight=4, decrease_factor=0.5, adapt_cooldown_s=1.0)
     its = saturate(c, 0.0)
     c.on_complete(its[0], Outcome.RATE_LIMITED, 0.0)
     assert c.limit == 5
@@ -331,7 +331,7 @@ def test_429_decreases_multiplicatively_once_per_cooldown_to_floor() -> None:
 
 
 def test_recovers_towards_max_inflight_without_metrics() -> None:
-    c = core(max_inflight=4, decrease_factor=0.5, adapt_cooldown_s=0.0)
+    c = core(inflight_limit=4, decrease_factor=0.5, adapt_cooldown_s=0.0)
     its = saturate(c, 0.0, extra=20)
     c.on_complete(its[0], Outcome.RATE_LIMITED, 0.0)
     assert c.limit == 2
@@ -349,7 +349,7 @@ def test_recovers_towards_max_inflight_without_metrics() -> None:
 
 
 def test_metrics_grow_to_the_cap_while_server_has_no_queue() -> None:
-    c = core(max_inflight=4, inflight_cap=10, increase_step=4, has_metrics=True)
+    c = core(inflight_limit=4, inflight_cap=10, increase_step=4, has_metrics=True)
     saturate(c, 0.0, extra=50)
     idle = EngineMetrics(num_requests_waiting=0, num_preemptions_total=0)
     c.on_metrics(idle, 1.0)
@@ -364,7 +364,7 @@ def test_metrics_grow_to_the_cap_while_server_has_no_queue() -> None:
 
 
 def test_metrics_no_growth_when_not_limit_bound() -> None:
-    c = core(max_inflight=4, has_metrics=True)
+    c = core(inflight_limit=4, has_metrics=True)
     c.enqueue(PolicyItem(), 0.0)
     c.on_metrics(EngineMetrics(num_requests_waiting=0), 0.0)
     assert c.limit == 4
@@ -373,7 +373,7 @@ def test_metrics_no_growth_when_not_limit_bound() -> None:
 
 
 def test_rising_preemptions_shrink() -> None:
-    c = core(max_inflight=10, decrease_factor=0.5, adapt_cooldown_s=0.0, has_metrics=True)
+    c = core(inflight_limit=10, decrease_factor=0.5, adapt_cooldown_s=0.0, has_metrics=True)
     saturate(c, 0.0)
     c.on_metrics(EngineMetrics(num_preemptions_total=3, num_requests_waiting=5), 1.0)
     assert c.limit == 10  # first sample is the baseline
@@ -388,7 +388,7 @@ BUSY = EngineMetrics(num_requests_waiting=5, num_preemptions_total=0)
 
 
 def test_slow_start_doubles_per_sample_while_limit_bound_up_to_the_cap() -> None:
-    c = core(max_inflight=100, initial_inflight=8, inflight_cap=100, has_metrics=True)
+    c = core(inflight_limit=100, initial_inflight=8, inflight_cap=100, has_metrics=True)
     assert c.limit == 8
     assert c.in_slow_start
     saturate(c, 0.0, extra=200)
@@ -405,7 +405,7 @@ def test_slow_start_doubles_per_sample_while_limit_bound_up_to_the_cap() -> None
 
 
 def test_no_growth_while_the_engine_queues() -> None:
-    c = core(max_inflight=64, initial_inflight=8, has_metrics=True)
+    c = core(inflight_limit=64, initial_inflight=8, has_metrics=True)
     saturate(c, 0.0, extra=50)
     c.on_metrics(BUSY, 0.5)
     c.on_metrics(EngineMetrics(), 1.0)  # waiting not reported
@@ -415,7 +415,7 @@ def test_no_growth_while_the_engine_queues() -> None:
 
 def test_growth_counts_saturation_since_the_previous_sample() -> None:
     # Limit-bound at t=0.2, but at sample time a slot is momentarily free.
-    c = core(max_inflight=64, initial_inflight=4, has_metrics=True)
+    c = core(inflight_limit=64, initial_inflight=4, has_metrics=True)
     its = saturate(c, 0.2, extra=1)
     c.on_complete(its[0], Outcome.OK, 0.4)
     assert (c.slots_free, c.ready) == (1, 1)
@@ -428,7 +428,7 @@ def test_growth_counts_saturation_since_the_previous_sample() -> None:
 
 
 def test_fresh_idle_sample_grows_on_the_first_limit_bound_event() -> None:
-    c = core(max_inflight=64, initial_inflight=2, has_metrics=True, metrics_interval_s=0.5)
+    c = core(inflight_limit=64, initial_inflight=2, has_metrics=True, metrics_interval_s=0.5)
     c.on_metrics(IDLE, 0.0)  # not limit-bound now: growth stays available
     assert c.limit == 2
     its = [PolicyItem() for _ in range(5)]
@@ -447,7 +447,7 @@ def test_fresh_idle_sample_grows_on_the_first_limit_bound_event() -> None:
 
 
 def test_stale_idle_sample_does_not_grow_on_events() -> None:
-    c = core(max_inflight=64, initial_inflight=1, has_metrics=True, metrics_interval_s=0.5)
+    c = core(inflight_limit=64, initial_inflight=1, has_metrics=True, metrics_interval_s=0.5)
     c.on_metrics(IDLE, 0.0)
     saturate(c, 0.6, extra=3)  # 0.6 s after the sample: too old to act on
     assert c.limit == 1
@@ -455,7 +455,7 @@ def test_stale_idle_sample_does_not_grow_on_events() -> None:
 
 def test_decrease_ends_slow_start_then_additive_increase() -> None:
     c = core(
-        max_inflight=64,
+        inflight_limit=64,
         initial_inflight=16,
         inflight_cap=64,
         decrease_factor=0.5,
@@ -484,7 +484,7 @@ def test_rising_preemptions_end_slow_start() -> None:
     # The in-flight limit alone (the decode cap would hold these agents at 16
     # before the engine's first sample: test_policy_decode.py).
     c = core(
-        max_inflight=64,
+        inflight_limit=64,
         initial_inflight=32,
         decrease_factor=0.5,
         has_metrics=True,
@@ -501,7 +501,7 @@ def test_rising_preemptions_end_slow_start() -> None:
 
 def test_engine_kv_capacity_sizes_the_starting_limit() -> None:
     c = core(
-        max_inflight=256,
+        inflight_limit=256,
         initial_inflight=64,
         inflight_cap=256,
         kv_tokens_per_request=3000,
@@ -511,19 +511,19 @@ def test_engine_kv_capacity_sizes_the_starting_limit() -> None:
     assert c.limit == 146  # 440k / 3k
     c.on_metrics(EngineMetrics(kv_capacity_tokens=10_000_000, num_requests_waiting=0), 0.5)
     assert c.limit == 146  # sized once
-    small = core(max_inflight=100, initial_inflight=64, inflight_cap=100, has_metrics=True)
+    small = core(inflight_limit=100, initial_inflight=64, inflight_cap=100, has_metrics=True)
     small.on_metrics(EngineMetrics(kv_capacity_tokens=4_000_000), 0.0)
     assert small.limit == 100  # clamped to the hard cap
-    tiny = core(max_inflight=256, initial_inflight=64, has_metrics=True)
+    tiny = core(inflight_limit=256, initial_inflight=64, has_metrics=True)
     tiny.on_metrics(EngineMetrics(kv_capacity_tokens=40_000), 0.0)
     assert tiny.limit == 64  # only ever raises the start
-    off = core(max_inflight=256, initial_inflight=64, kv_tokens_per_request=None, has_metrics=True)
+    off = core(inflight_limit=256, initial_inflight=64, kv_tokens_per_request=None, has_metrics=True)
     off.on_metrics(EngineMetrics(kv_capacity_tokens=4_000_000), 0.0)
     assert off.limit == 64
 
 
 def test_without_metrics_the_limit_is_max_inflight() -> None:
-    c = core(max_inflight=256, initial_inflight=64, inflight_cap=256, decrease_factor=0.5)
+    c = core(inflight_limit=256, initial_inflight=64, inflight_cap=256, decrease_factor=0.5)
     assert c.limit == 256  # initial_inflight applies only with engine metrics
     its = saturate(c, 0.0, extra=10)
     c.on_metrics(IDLE, 0.5)  # a stray sample never grows a metrics-less core
@@ -533,7 +533,7 @@ def test_without_metrics_the_limit_is_max_inflight() -> None:
 
 
 def test_not_adaptive_never_moves() -> None:
-    c = core(max_inflight=4, adaptive=False, adapt_cooldown_s=0.0, has_metrics=True)
+    c = core(inflight_limit=4, adaptive=False, adapt_cooldown_s=0.0, has_metrics=True)
     its = saturate(c, 0.0)
     c.on_complete(its[0], Outcome.RATE_LIMITED, 1.0)
     c.on_metrics(EngineMetrics(num_requests_waiting=0, num_preemptions_total=9), 2.0)
@@ -544,7 +544,7 @@ def test_not_adaptive_never_moves() -> None:
 
 
 def test_inflight_by_sibling() -> None:
-    c = core(max_inflight=5)
+    c = core(inflight_limit=5)
     a, b, d = (PolicyItem(sibling_id=sid) for sid in ("g/0", "g/0", "g/1"))
     for it in (a, b, d):
         c.enqueue(it, 0.0)
@@ -556,7 +556,7 @@ def test_inflight_by_sibling() -> None:
 
 
 def test_utilisation_is_time_weighted() -> None:
-    c = core(max_inflight=2)
+    c = core(inflight_limit=2)
     assert c.utilisation(0.0) == 0.0
     a, b = items(0, 0)
     c.enqueue(a, 0.0)

@@ -10,7 +10,7 @@ from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 
 
 def core(*, batching: bool = False, warming: bool = False, **kw: object) -> BatchPolicyCore:
-    policy = BatchPolicy(**{"max_inflight": 64, "inflight_cap": 256, **kw})  # type: ignore[arg-type]
+    policy = BatchPolicy(**{"inflight_limit": 64, "inflight_cap": 256, **kw})  # type: ignore[arg-type]
     return BatchPolicyCore(policy, batching=batching, has_metrics=True, warming=warming)
 
 
@@ -69,11 +69,11 @@ def test_the_cap_stands_down_when_no_metrics_arrive() -> None:
 
 def test_the_in_flight_limit_still_binds_under_the_cap() -> None:
     # The hard cap, and AIMD after preemptions, bind below the decode cap.
-    c = core(max_inflight=8, inflight_cap=8)
+    c = core(inflight_limit=8, inflight_cap=8)
     enqueue(c, agents(20))
     c.on_metrics(sample(0), 0.0)
     assert len(c.plan(0.0).dispatch) == 8
-    c = core(max_inflight=64, inflight_cap=64, decrease_factor=0.5)
+    c = core(inflight_limit=64, inflight_cap=64, decrease_factor=0.5)
     c.on_metrics(sample(0, prompt=0, hits=0), 0.0)
     its = enqueue(c, agents(40))
     assert len(c.plan(0.0).dispatch) == 16
@@ -106,7 +106,7 @@ def test_the_in_flight_limit_still_binds_under_the_cap() -> None:
     ],
 )
 def test_decode_cap_off(kw: dict[str, object], has_metrics: bool) -> None:
-    policy = BatchPolicy(max_inflight=64, **kw)  # type: ignore[arg-type]
+    policy = BatchPolicy(inflight_limit=64, **kw)  # type: ignore[arg-type]
     c = BatchPolicyCore(policy, has_metrics=has_metrics)
     c.on_metrics(sample(0), 0.0)
     assert c.decode_cap is None

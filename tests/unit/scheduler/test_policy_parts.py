@@ -37,7 +37,7 @@ def test_the_engine_priority_orders_as_the_queue_key(mode: str) -> None:
 
 
 def test_withdraw_counts_the_wait() -> None:
-    core = BatchPolicyCore(BatchPolicy(max_inflight=1))
+    core = BatchPolicyCore(BatchPolicy(inflight_limit=1))
     running, waiting = PolicyItem(), PolicyItem()
     assert core.try_acquire(running, 0.0)
     core.enqueue(waiting, 1.0)
@@ -47,7 +47,7 @@ def test_withdraw_counts_the_wait() -> None:
 
 
 def test_the_limit_doubles_in_slow_start_then_halves_on_overload() -> None:
-    policy = BatchPolicy(max_inflight=64, initial_inflight=8, inflight_cap=256)
+    policy = BatchPolicy(inflight_limit=64, initial_inflight=8, inflight_cap=256)
     limit = InflightLimit(policy, has_metrics=True)
     assert (limit.value, limit.slow_start) == (8, True)
     idle_server = EngineMetrics(num_requests_waiting=0)

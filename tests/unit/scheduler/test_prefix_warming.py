@@ -46,7 +46,7 @@ def dispatched(c: BatchPolicyCore, now: float) -> list[PolicyItem]:
 
 
 def test_same_prefix_held_until_leader_first_token() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     lead, *rest = its("P", 0, 0, 0, 0)
     for it in (lead, *rest):
         c.enqueue(it, 0.0)
@@ -66,7 +66,7 @@ def test_same_prefix_held_until_leader_first_token() -> None:
 
 
 def test_completion_without_first_token_also_warms() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     lead, f = its("P", 0, 0)
     c.enqueue(lead, 0.0)
     c.enqueue(f, 0.0)
@@ -77,7 +77,7 @@ def test_completion_without_first_token_also_warms() -> None:
 
 
 def test_different_prefixes_are_independent() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     a1, a2 = its("A", 0, 0)
     b1, b2 = its("B", 0, 0)
     none = PolicyItem(turn=0)
@@ -93,7 +93,7 @@ def test_different_prefixes_are_independent() -> None:
 
 
 def test_leader_failure_hands_the_lead_to_the_best_held_item() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     lead, low, high, mid = its("P", 5, 0, 9, 3)
     for it in (lead, low, high, mid):
         c.enqueue(it, 0.0)
@@ -113,7 +113,7 @@ def test_leader_failure_hands_the_lead_to_the_best_held_item() -> None:
 
 
 def test_leader_failure_with_no_followers_leaves_the_prefix_cold() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     (lead,) = its("P", 0)
     c.enqueue(lead, 0.0)
     dispatched(c, 0.0)
@@ -126,7 +126,7 @@ def test_leader_failure_with_no_followers_leaves_the_prefix_cold() -> None:
 
 
 def test_cancelled_running_leader_releases_the_next() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     lead, f1, f2 = its("P", 0, 0, 0)
     for it in (lead, f1, f2):
         c.enqueue(it, 0.0)
@@ -138,7 +138,7 @@ def test_cancelled_running_leader_releases_the_next() -> None:
 
 
 def test_withdrawn_queued_leader_releases_the_next() -> None:
-    c = core(max_inflight=1)
+    c = core(inflight_limit=1)
     blocker = PolicyItem(turn=0)
     lead, f1, f2 = its("P", 0, 0, 0)
     for it in (blocker, lead, f1, f2):
@@ -157,7 +157,7 @@ def test_withdrawn_queued_leader_releases_the_next() -> None:
 
 
 def test_withdrawn_held_item_is_forgotten() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     lead, f1, f2 = its("P", 0, 0, 0)
     for it in (lead, f1, f2):
         c.enqueue(it, 0.0)
@@ -170,7 +170,7 @@ def test_withdrawn_held_item_is_forgotten() -> None:
 
 
 def test_warm_prefix_goes_straight_through_until_ttl() -> None:
-    c = core(max_inflight=8, warm_ttl_s=60.0)
+    c = core(inflight_limit=8, warm_ttl_s=60.0)
     (lead,) = its("P", 0)
     assert c.try_acquire(lead, 0.0)
     assert lead.leading
@@ -194,7 +194,7 @@ def test_warm_prefix_goes_straight_through_until_ttl() -> None:
 
 
 def test_off_never_holds() -> None:
-    c = core(warming=False, max_inflight=8)
+    c = core(warming=False, inflight_limit=8)
     group = its("P", 0, 0, 0)
     for it in group:
         c.enqueue(it, 0.0)
@@ -204,7 +204,7 @@ def test_off_never_holds() -> None:
 
 
 def test_batchable_followers_rejoin_the_batch_queue_and_leader_skips_it() -> None:
-    c = core(max_inflight=8, batching=True, batch_window_s=0.01, max_batch_size=8)
+    c = core(inflight_limit=8, batching=True, batch_window_s=0.01, max_batch_size=8)
     lead, f1, f2 = its("P", 0, 0, 0, batchable=True)
     for it in (lead, f1, f2):
         c.enqueue(it, 0.0)
@@ -220,7 +220,7 @@ def test_batchable_followers_rejoin_the_batch_queue_and_leader_skips_it() -> Non
 
 
 def test_drain_returns_held_items() -> None:
-    c = core(max_inflight=8)
+    c = core(inflight_limit=8)
     lead, f1 = its("P", 0, 0)
     c.enqueue(lead, 0.0)
     c.enqueue(f1, 0.0)
@@ -345,7 +345,7 @@ async def spin(n: int = 50) -> None:
 async def test_runner_releases_followers_at_the_leaders_first_token() -> None:
     backend = StreamingBackend()
     backend.first_gate.clear()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=16)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=16)) as s:
         assert s.prefix_warming
         tasks = [asyncio.create_task(s.submit(sreq(f"r{i}"))) for i in range(5)]
         await backend.wait_started(1)
@@ -381,7 +381,7 @@ async def test_runner_failed_leader_lets_the_next_warm() -> None:
     backend.first_gate.clear()
     backend.fail.add("r0")
     backend.gate.set()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=16)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=16)) as s:
         tasks = [asyncio.create_task(s.submit(sreq(f"r{i}"))) for i in range(3)]
         await backend.wait_started(2)
         await spin()
@@ -397,7 +397,7 @@ async def test_runner_cancelled_held_and_leader() -> None:
     backend = StreamingBackend()
     backend.first_gate.clear()
     backend.gate.set()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=16)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=16)) as s:
         tasks = [asyncio.create_task(s.submit(sreq(f"r{i}"))) for i in range(4)]
         await backend.wait_started(1)
         await spin()
@@ -420,7 +420,7 @@ async def test_auto_does_not_hold_on_other_flavors(flavor: str) -> None:
     backend = StreamingBackend(flavor)
     backend.first_gate.clear()
     backend.gate.set()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=16)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=16)) as s:
         assert not s.prefix_warming
         tasks = [asyncio.create_task(s.submit(sreq(f"r{i}"))) for i in range(4)]
         await backend.wait_started(4)

@@ -13,7 +13,7 @@ from langgraph_batch.scheduler import (
     BatchPolicy,
     Scheduler,
     SchedulerState,
-    get_scheduler,
+    find_scheduler,
     register_scheduler,
     registry,
     scheduler_for,
@@ -37,12 +37,12 @@ async def test_same_key_shares_one_scheduler_whatever_the_policy() -> None:
         built.append(InstantBackend())
         return built[-1]
 
-    a = scheduler_for(key="vllm:x", backend_factory=factory, policy=BatchPolicy(max_inflight=3))
-    b = scheduler_for(key="vllm:x", backend_factory=factory, policy=BatchPolicy(max_inflight=9))
+    a = scheduler_for(key="vllm:x", backend_factory=factory, policy=BatchPolicy(inflight_limit=3))
+    b = scheduler_for(key="vllm:x", backend_factory=factory, policy=BatchPolicy(inflight_limit=9))
     other = scheduler_for(key="vllm:y", backend_factory=factory)
     assert a is b
     assert other is not a
-    assert a.policy.max_inflight == 3  # the first caller's policy wins
+    assert a.policy.inflight_limit == 3  # the first caller's policy wins
     assert len(built) == 2
     await a.submit(request("r"))
     assert scheduler_for(key="vllm:x", backend_factory=factory) is a  # opened: still shared
@@ -103,28 +103,28 @@ async def test_loops_that_go_away_do_not_leak_schedulers() -> None:
 async def test_get_scheduler_by_name() -> None:
     s = scheduler_for(key="vllm:x", backend_factory=InstantBackend, name="main")
     assert s.name == "main"
-    assert get_scheduler("main") is s
+    assert find_scheduler("main") is s
     inst = Scheduler(InstantBackend(), name="explicit")
     assert register_scheduler(inst) is inst
-    assert get_scheduler("explicit") is inst
+    assert find_scheduler("explicit") is inst
     with pytest.raises(KeyError, match=r"no scheduler named 'nope'; known: \['explicit', 'main'\]"):
-        get_scheduler("nope")
+        find_scheduler("nope")
     await s.aclose()
     await inst.aclose()
 
 
 async def test_recipe_builds_one_scheduler_per_loop_and_replaces_closed() -> None:
     assert register_scheduler("studio", backend_factory=InstantBackend) is None
-    a = get_scheduler("studio")
-    assert get_scheduler("studio") is a
+    a = find_scheduler("studio")
+    assert find_scheduler("studio") is a
     assert (await a.submit(request("r"))).request_id == "r"
     await a.aclose()
-    b = get_scheduler("studio")
+    b = find_scheduler("studio")
     assert b is not a
     assert b.state is SchedulerState.UNOPENED
 
     async def other_loop() -> Scheduler:
-        return get_scheduler("studio")
+        return find_scheduler("studio")
 
     assert await asyncio.to_thread(asyncio.run, other_loop()) is not b
     await b.aclose()
@@ -133,10 +133,10 @@ async def test_recipe_builds_one_scheduler_per_loop_and_replaces_closed() -> Non
 def test_recipe_needs_a_running_loop_and_unknown_name_says_so() -> None:
     register_scheduler("studio", backend_factory=InstantBackend)
     with pytest.raises(RuntimeError, match="call it from async code"):
-        get_scheduler("studio")
+        find_scheduler("studio")
     registry.unregister_scheduler("studio")
     with pytest.raises(KeyError, match="known: none"):
-        get_scheduler("studio")
+        find_scheduler("studio")
 
 
 def test_register_scheduler_misuse() -> None:
@@ -163,12 +163,12 @@ async def test_named_registration_wins_over_scheduler_for_arguments() -> None:
         recipe_backends.append(InstantBackend())
         return recipe_backends[-1]
 
-    register_scheduler("main", backend_factory=recipe_factory, policy=BatchPolicy(max_inflight=5))
+    register_scheduler("main", backend_factory=recipe_factory, policy=BatchPolicy(inflight_limit=5))
     # A chat model naming "main" and fan_out resolving "main" land on one scheduler.
     from_model = scheduler_for(key="main", backend_factory=InstantBackend, name="main")
-    assert from_model.policy.max_inflight == 5
+    assert from_model.policy.inflight_limit == 5
     assert from_model.backend is recipe_backends[0]
-    assert get_scheduler("main") is from_model
+    assert find_scheduler("main") is from_model
     inst = Scheduler(InstantBackend(), name="explicit")
     register_scheduler(inst)
     assert scheduler_for(key="whatever", backend_factory=InstantBackend, name="explicit") is inst

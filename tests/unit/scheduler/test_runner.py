@@ -45,12 +45,12 @@ async def wait_for(cond: object, sched: Scheduler) -> None:
 
 async def test_max_inflight_respected_under_200_concurrent_submits() -> None:
     backend = GatedBackend()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=8)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=8)) as s:
         tasks = [asyncio.create_task(s.submit(request(f"r{i}"))) for i in range(200)]
         await backend.wait_running(8)
         await wait_for(lambda: s.stats().queued == 192, s)
         st = s.stats()
-        assert (st.in_flight, st.max_inflight) == (8, 8)
+        assert (st.in_flight, st.inflight_limit) == (8, 8)
         backend.gate.set()
         results = await asyncio.gather(*tasks)
     assert [r.request_id for r in results] == [f"r{i}" for i in range(200)]
@@ -69,7 +69,7 @@ async def test_max_inflight_respected_under_200_concurrent_submits() -> None:
 
 async def test_priority_depth_first_then_fifo() -> None:
     backend = GatedBackend()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=1)) as s:
         first = asyncio.create_task(s.submit(request("first")))
         await backend.wait_running(1)
         tasks = [
@@ -85,7 +85,7 @@ async def test_priority_depth_first_then_fifo() -> None:
 async def test_sibling_turn_is_the_default_turn_and_inflight_by_sibling() -> None:
     backend = GatedBackend()
     sib = SiblingInfo(group="g", index=4, turn=2)
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=1)) as s:
         blocker = asyncio.create_task(s.submit(request("blocker"), sibling=sib))
         await backend.wait_running(1)
         assert s.inflight_by_sibling() == {"g/4": 1}
@@ -100,7 +100,7 @@ async def test_sibling_turn_is_the_default_turn_and_inflight_by_sibling() -> Non
 
 async def test_cancel_queued_request_withdraws_it() -> None:
     backend = GatedBackend()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=1)) as s:
         first = asyncio.create_task(s.submit(request("first")))
         await backend.wait_running(1)
         queued = asyncio.create_task(s.submit(request("queued")))
@@ -118,7 +118,7 @@ async def test_cancel_queued_request_withdraws_it() -> None:
 
 async def test_cancel_in_flight_aborts_the_backend_call() -> None:
     backend = GatedBackend()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=1)) as s:
         task = asyncio.create_task(s.submit(request("x")))
         nxt = asyncio.create_task(s.submit(request("next")))
         await backend.wait_running(1)
@@ -136,7 +136,7 @@ async def test_cancel_in_flight_aborts_the_backend_call() -> None:
 
 async def test_cancel_after_grant_before_start_gives_the_slot_back() -> None:
     backend = GatedBackend()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=1)) as s:
         first = asyncio.create_task(s.submit(request("first")))
         second = asyncio.create_task(s.submit(request("second")))
         third = asyncio.create_task(s.submit(request("third")))
@@ -162,7 +162,7 @@ async def test_cancel_after_grant_before_start_gives_the_slot_back() -> None:
 
 async def test_runner_death_fails_every_waiter_and_new_work() -> None:
     backend = GatedBackend()
-    s = Scheduler(backend, policy=BatchPolicy(max_inflight=1))
+    s = Scheduler(backend, policy=BatchPolicy(inflight_limit=1))
     first = asyncio.create_task(s.submit(request("first")))
     await backend.wait_running(1)
     waiters = [asyncio.create_task(s.submit(request(f"w{i}"))) for i in range(5)]
@@ -190,7 +190,7 @@ async def test_runner_death_fails_every_waiter_and_new_work() -> None:
 
 async def test_closed_scheduler_refuses_work_and_cannot_reopen() -> None:
     backend = GatedBackend()
-    s = Scheduler(backend, policy=BatchPolicy(max_inflight=1), name="closing")
+    s = Scheduler(backend, policy=BatchPolicy(inflight_limit=1), name="closing")
     assert s.state is SchedulerState.UNOPENED
     async with s:
         assert s.state is SchedulerState.OPENED
@@ -268,7 +268,7 @@ async def test_out_of_retries_and_non_retryable_raise() -> None:
 async def test_429_retry_after_honoured_and_no_slot_held_while_backing_off() -> None:
     backend = GatedBackend(open_gate=True)
     backend.failures["a"] = [BackendRateLimitError("429", status_code=429, retry_after_s=0.05)]
-    policy = BatchPolicy(max_inflight=1, adapt_cooldown_s=0.0, **FAST)
+    policy = BatchPolicy(inflight_limit=1, adapt_cooldown_s=0.0, **FAST)
     async with Scheduler(backend, policy=policy) as s:
         stamps: dict[str, list[float]] = {}
         orig = backend.chat
@@ -282,7 +282,7 @@ async def test_429_retry_after_honoured_and_no_slot_held_while_backing_off() -> 
         b = asyncio.create_task(s.submit(request("b")))
         await asyncio.gather(a, b)
         # 429 shrinks the limit towards the floor (1 already: stays 1).
-        assert s.stats().max_inflight == 1
+        assert s.stats().inflight_limit == 1
     assert backend.order == ["a", "b", "a"]  # b ran while a backed off
     assert stamps["a"][1] - stamps["a"][0] >= 0.05
 
@@ -347,7 +347,7 @@ async def test_a_final_failure_logs_a_warning_with_its_sibling(
 
 async def test_timeout_covers_queue_wait() -> None:
     backend = GatedBackend()
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=1)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=1)) as s:
         first = asyncio.create_task(s.submit(request("first")))
         await backend.wait_running(1)
         with pytest.raises(BatchTimeoutError) as info:
@@ -439,11 +439,13 @@ async def test_closing_cancels_batches_in_flight() -> None:
 
 async def test_metrics_polled_and_limit_grows() -> None:
     backend = MetricsBackend(EngineMetrics(num_requests_waiting=0, num_preemptions_total=0))
-    policy = BatchPolicy(max_inflight=2, inflight_cap=6, increase_step=2, metrics_interval_s=0.001)
+    policy = BatchPolicy(
+        inflight_limit=2, inflight_cap=6, increase_step=2, metrics_interval_s=0.001
+    )
     async with Scheduler(backend, policy=policy) as s:
         tasks = [asyncio.create_task(s.submit(request(f"r{i}"))) for i in range(20)]
         await backend.wait_running(6)  # grew 2 -> 4 -> 6 (cap)
-        assert s.stats().max_inflight == 6
+        assert s.stats().inflight_limit == 6
         assert s.latest_metrics is backend.metrics_value
         backend.gate.set()
         await asyncio.gather(*tasks)
@@ -454,24 +456,24 @@ async def test_first_metrics_poll_is_immediate_and_grows_once_per_sample() -> No
     # A 60 s interval: only the poll made when the runner starts can act.
     backend = MetricsBackend(EngineMetrics(num_requests_waiting=0, num_preemptions_total=0))
     policy = BatchPolicy(
-        max_inflight=16, inflight_cap=16, initial_inflight=2, metrics_interval_s=60.0
+        inflight_limit=16, inflight_cap=16, initial_inflight=2, metrics_interval_s=60.0
     )
     async with Scheduler(backend, policy=policy) as s:
         tasks = [asyncio.create_task(s.submit(request(f"r{i}"))) for i in range(10)]
         await backend.wait_running(4)  # slow start: 2 -> 4 on the first sample
         await wait_for(lambda: s.stats().queued == 6, s)
         assert backend.polls == 1
-        assert (s.stats().max_inflight, s.stats().in_flight) == (4, 4)
+        assert (s.stats().inflight_limit, s.stats().in_flight) == (4, 4)
         backend.gate.set()
         await asyncio.gather(*tasks)
     assert backend.max_running == 4
 
 
 async def test_stats_snapshot_is_frozen_and_empty_at_start() -> None:
-    s = Scheduler(InstantBackend(), policy=BatchPolicy(max_inflight=3))
+    s = Scheduler(InstantBackend(), policy=BatchPolicy(inflight_limit=3))
     st = s.stats()
     assert isinstance(st, SchedulerStats)
-    assert (st.completed, st.max_inflight, st.latency_p99, st.batch_size_mean) == (0, 3, 0.0, 0.0)
+    assert (st.completed, st.inflight_limit, st.latency_p99, st.batch_size_mean) == (0, 3, 0.0, 0.0)
     with pytest.raises(AttributeError):
         st.completed = 5  # type: ignore[misc]
     assert s.latest_metrics is None
@@ -509,7 +511,7 @@ async def test_metrics_errors_are_ignored_but_a_policy_failure_kills_the_runner(
         return await orig()
 
     backend.metrics = flaky  # type: ignore[method-assign]
-    s = Scheduler(backend, policy=BatchPolicy(max_inflight=1, metrics_interval_s=0.001))
+    s = Scheduler(backend, policy=BatchPolicy(inflight_limit=1, metrics_interval_s=0.001))
     first = asyncio.create_task(s.submit(request("first")))
     await backend.wait_running(1)
     queued = asyncio.create_task(s.submit(request("queued")))
@@ -547,7 +549,7 @@ async def test_random_cancellations_never_leak_slots() -> None:
                 self._bump(-1)
 
     backend = Jittery()
-    policy = BatchPolicy(max_inflight=8, priority="las")
+    policy = BatchPolicy(inflight_limit=8, priority="las")
     async with Scheduler(backend, policy=policy) as s:
         sibs = [SiblingInfo(group="g", index=i % 10) for i in range(200)]
         tasks = [
@@ -574,7 +576,7 @@ async def test_decode_cap_holds_agent_requests_once_the_engine_counts_tokens() -
     backend = MetricsBackend(
         EngineMetrics(num_requests_waiting=0, num_preemptions_total=0, generation_tokens_total=0)
     )
-    s = Scheduler(backend, policy=BatchPolicy(max_inflight=64))
+    s = Scheduler(backend, policy=BatchPolicy(inflight_limit=64))
     assert s.stats().decode_cap == 16  # provisional until the engine's first sample
     async with s:
         await wait_for(lambda: backend.polls >= 1, s)
@@ -596,7 +598,7 @@ async def test_decode_cap_rounds_up_for_what_a_fan_out_run_has_left() -> None:
     backend = MetricsBackend(
         EngineMetrics(num_requests_waiting=0, num_preemptions_total=0, generation_tokens_total=0)
     )
-    async with Scheduler(backend, policy=BatchPolicy(max_inflight=64)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(inflight_limit=64)) as s:
         await wait_for(lambda: backend.polls >= 1, s)
         siblings = [SiblingInfo(group="g", index=i, total=20, left=lambda: 20) for i in range(20)]
         tasks = [
