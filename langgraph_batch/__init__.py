@@ -10,6 +10,24 @@ from langgraph_batch import BatchedChatModel, BatchToolNode, coalesce, fan_out
 
 llm = BatchedChatModel(model="my-model", base_url="vllm://127.0.0.1:8000")
 ```
+
+Which module owns which decision:
+
+    chat_model, _request      a LangChain call -> ChatRequest (route_key, sibling, turn)
+    scheduler/_policy         what goes next: plan(pending, now), pure; composes
+      _limit _decode_gate     the in-flight limit (slow start, AIMD); the decode cap
+      _warming _priority      the prefix-warming gate; priority key functions
+    scheduler/_runner         the Scheduler: lifecycle; _attempt runs one request
+                              in its caller's task, _dispatch performs the plans
+    scheduler/_capacity       the server's KV capacity and the KVLedger every
+                              fan_out run books (admission is pushed, not polled)
+    scheduler/registry        schedulers by key and name; announces new ones
+    backends/_transport       the HTTP seam: sharded connections, the one error map
+    backends/_batching, pool  batched prompts shared by vllm/sglang; replica routing
+    tools/                    coalescing, single-flight, ToolNode hook, middleware
+    nodes/fan_out             the node; _admission the gate, _run one run's state,
+                              _results results in order, _remote siblings elsewhere
+    distributed/, emulator/   Redis execution; the emulated vLLM/SGLang server
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Self
 
@@ -45,16 +44,15 @@ from pydantic import (
 )
 
 from langgraph_batch._chat_habits import ChatOpenAIHabits
-from langgraph_batch._context import SiblingInfo, current_sibling
+from langgraph_batch._context import SiblingInfo
 from langgraph_batch._convert import (
     chunk_generation_info,
     chunk_to_message_chunk,
     final_chunk,
-    messages_to_openai,
     response_to_message,
-    tool_call_check,
 )
 from langgraph_batch._loop import background_loop
+from langgraph_batch._request import build_request, record_context, tool_call_check_for
 from langgraph_batch._structured import (
     StructuredMethod,
     ToolLike,
@@ -70,7 +68,6 @@ from langgraph_batch.backends.base import (
     ChatChunk,
     ChatRequest,
     ChatResponse,
-    sibling_route_key,
 )
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import scheduler_for
@@ -81,31 +78,7 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
-# Call kwargs that are LangChain bookkeeping, never body fields.
-_NOT_ON_WIRE = frozenset({"ls_structured_output_format", "structured_output_format", "stream"})
-# Body fields where None means "leave it out".
-_OMIT_IF_NONE = frozenset({"tool_choice", "parallel_tool_calls", "response_format", "tools"})
-
 _END = object()
-
-
-def _record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
-    """Note the sibling's context size (its KV working set) after a completed call.
-
-    fan_out's admission gate reads `SiblingInfo.context_tokens` to keep the
-    siblings' resident KV within the server's cache.
-    """
-    usage = response.usage
-    if usage is None or usage.total_tokens <= 0:
-        return
-    if sibling.turn == 1 and usage.cached_tokens:
-        # On a sibling's first call the cached part of its prompt is the prefix
-        # it shares with the others (system prompt, tools): the server holds
-        # that KV once, so it is not part of this sibling's own working set.
-        sibling.shared_tokens = usage.cached_tokens
-    sibling.context_tokens = max(
-        0, usage.prompt_tokens + usage.completion_tokens - sibling.shared_tokens
-    )
 
 
 # Field -> (lowest value, whether it is allowed, what None means); checked at construction.
@@ -427,70 +400,6 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
 
     # ------------------------------------------------------------------ requests
 
-    def _params(self, stop: list[str] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        if self.temperature is not None:
-            params["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            params["max_tokens"] = self.max_tokens
-        if self.logprobs is not None:
-            params["logprobs"] = self.logprobs
-        if self.top_logprobs is not None:
-            params["top_logprobs"] = self.top_logprobs
-        stop_seq = stop if stop is not None else self.stop
-        if stop_seq:
-            params["stop"] = list(stop_seq)
-        params.update(self.model_kwargs)
-        if self.extra_body:
-            params.update(self.extra_body)
-        for key, value in kwargs.items():
-            if key in _NOT_ON_WIRE or key in {"model", "extra_body"}:
-                continue
-            if value is None and key in _OMIT_IF_NONE:
-                continue
-            params[key] = value
-        if extra := kwargs.get("extra_body"):
-            params.update(extra)
-        if params.get("tools") == []:
-            params.pop("tools")
-            params.pop("tool_choice", None)
-        return params
-
-    def _build_request(
-        self,
-        messages: Sequence[BaseMessage],
-        stop: list[str] | None,
-        kwargs: Mapping[str, Any],
-        *,
-        stream: bool,
-    ) -> tuple[ChatRequest, int, SiblingInfo | None]:
-        sibling = current_sibling()
-        if sibling is not None:
-            turn = sibling.turn
-            request_id = f"lgb-{sibling.group}-{sibling.index}-t{turn}-{uuid.uuid4().hex[:8]}"
-        else:
-            turn = sum(1 for m in messages if isinstance(m, AIMessage))
-            request_id = f"lgb-{uuid.uuid4().hex}"
-        params = self._params(stop, kwargs)
-        if stream:
-            params["stream_options"] = {"include_usage": True}
-        batchable = not stream and not any(
-            k in params for k in ("tools", "response_format", "n", "logprobs")
-        )
-        batchable = batchable and all(m.type in {"human", "system"} for m in messages)
-        request = ChatRequest(
-            model=kwargs.get("model") or self.model,
-            messages=messages_to_openai(messages),
-            params=params,
-            stream=stream,
-            request_id=request_id,
-            timeout=self.timeout,
-            stream_chunk_timeout=self.stream_chunk_timeout or None,
-            batchable=batchable,
-            route_key=sibling_route_key(sibling.sibling_id) if sibling is not None else None,
-        )
-        return request, turn, sibling
-
     def _api_key(self) -> str | None:
         key = self.api_key
         return key.get_secret_value() if key is not None else None
@@ -563,13 +472,6 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
             backend_key=self.backend_key if named else None,
         )
 
-    def _tool_call_check(self, request: ChatRequest) -> Callable[[ChatResponse], None] | None:
-        """A response check that rejects malformed tool calls (None: nothing to check)."""
-        tools = request.params.get("tools")
-        if self.invalid_tool_calls != "raise" or not tools:
-            return None
-        return tool_call_check(tools, request_id=request.request_id or None)
-
     async def _submit(
         self,
         request: ChatRequest,
@@ -585,7 +487,7 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
             max_retries=self.max_retries,
             timeout=self.total_timeout,
             on_chunk=on_chunk,
-            check=self._tool_call_check(request),
+            check=tool_call_check_for(request, self.invalid_tool_calls),
         )
 
     # ------------------------------------------------------------------ async paths
@@ -606,11 +508,11 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
     async def _acall(
         self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
     ) -> ChatResult:
-        request, turn, sibling = self._build_request(messages, stop, kwargs, stream=False)
+        request, turn, sibling = build_request(self, messages, stop, kwargs, stream=False)
         response = await self._submit(request, turn, sibling)
         if sibling is not None:
             sibling.turn += 1
-            _record_context(sibling, response)
+            record_context(sibling, response)
         message = response_to_message(response)
         generation = ChatGeneration(
             message=message,
@@ -641,7 +543,7 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
     async def _stream_chunks(
         self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
     ) -> AsyncIterator[ChatGenerationChunk]:
-        request, turn, sibling = self._build_request(messages, stop, kwargs, stream=True)
+        request, turn, sibling = build_request(self, messages, stop, kwargs, stream=True)
         chunks: asyncio.Queue[Any] = asyncio.Queue()
         task = asyncio.create_task(self._submit(request, turn, sibling, chunks.put_nowait))
         # Runs after the last on_chunk call: the backend calls on_chunk from
@@ -664,7 +566,7 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
                     await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
         if sibling is not None:
             sibling.turn += 1
-            _record_context(sibling, response)
+            record_context(sibling, response)
         yield ChatGenerationChunk(
             message=final_chunk(response),
             generation_info={"finish_reason": response.finish_reason},

@@ -50,19 +50,15 @@ Modules: `_checks` (argument validation), `_spec` (options, items, KV
 capacity and gate sizing), `_run` (a run's live state, how it opens and
 closes), `_admission` (the gate); this one builds the node and the siblings.
 
-Records travel through the private `results` channel as plain lists
-(`[index, "ok", value]` or `[index, "error", {...}]`) so they survive any
-checkpoint serializer, including strict msgpack; the collector turns them
-into the `into` list, in input order.
+Records travel through the private `results` channel as plain lists and are
+collected in input order by `_results` (which also owns `SiblingError`).
 """
 
 from __future__ import annotations
 
 import logging
 import operator
-import traceback as tb
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from langchain_core.runnables import RunnableConfig, RunnableLambda
@@ -74,10 +70,10 @@ from typing_extensions import TypedDict
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch._loop import background_loop
-from langgraph_batch.errors import SiblingFailedError
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM
 from langgraph_batch.nodes._checks import validate_fan_out
 from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
+from langgraph_batch.nodes._results import ERR, OK, SiblingError, collect_results
 from langgraph_batch.nodes._run import (
     RUN_KEY,
     FanOutRun,
@@ -98,72 +94,6 @@ __all__ = (
 )
 
 logger = logging.getLogger(__name__)
-
-_OK = "ok"
-_ERR = "error"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SiblingError:
-    """A sibling that raised, in its place among the results of `fan_out`.
-
-    Serialisable: it round-trips through LangGraph's checkpoint serializer.
-    Under strict msgpack (`LANGGRAPH_STRICT_MSGPACK=true`) annotate the `into`
-    key with `SiblingError` (e.g. `list[Review | SiblingError]`) so the
-    graph's allowlist includes it, or it comes back as a dict
-    (`SiblingError.from_dict` restores it).
-    """
-
-    index: int
-    """Position of the sibling's item in the input list."""
-    item: Any
-    """The item the sibling ran on."""
-    error_type: str
-    """The exception's class name, e.g. `BackendServerError`."""
-    message: str
-    """`str(exception)`."""
-    retryable: bool = False
-    """Whether running the sibling again may succeed (the exception's `is_retryable`)."""
-    traceback: str | None = None
-    """The formatted traceback, when available."""
-
-    @classmethod
-    def from_exception(cls, exc: BaseException, *, index: int, item: Any) -> SiblingError:
-        """Describe `exc`, raised by sibling `index` running on `item`."""
-        retryable = getattr(exc, "is_retryable", None)
-        if not isinstance(retryable, bool):
-            retryable = isinstance(exc, ConnectionError | TimeoutError)
-        return cls(
-            index=index,
-            item=item,
-            error_type=type(exc).__name__,
-            message=str(exc),
-            retryable=retryable,
-            traceback="".join(tb.format_exception(exc)),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict."""
-        return {
-            "index": self.index,
-            "item": self.item,
-            "error_type": self.error_type,
-            "message": self.message,
-            "retryable": self.retryable,
-            "traceback": self.traceback,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SiblingError:
-        """Rebuild from `to_dict()` output (or a checkpoint that stored it as a dict)."""
-        return cls(
-            index=int(data["index"]),
-            item=data.get("item"),
-            error_type=str(data["error_type"]),
-            message=str(data.get("message", "")),
-            retryable=bool(data.get("retryable", False)),
-            traceback=data.get("traceback"),
-        )
 
 
 class _SiblingPayload(TypedDict):
@@ -278,7 +208,7 @@ def _build_runner(
                     out = await inner.ainvoke({"items": run.items}, child_config(run, config))
             finally:
                 close_run(run)
-            return _results(spec, run, out)
+            return collect_results(spec, run, out)
         finally:
             await run.flush_events()
 
@@ -298,7 +228,7 @@ def _build_runner(
             try:
                 if spec.executor is not None:
                     out = loop.run(_run_remote(spec, run, config))
-                    return _results(spec, run, out)
+                    return collect_results(spec, run, out)
                 try:
                     out = loop.run(inner.ainvoke({"items": run.items}, child))
                 except NotImplementedError:
@@ -313,7 +243,7 @@ def _build_runner(
                     out = inner.invoke({"items": run.items}, thread_config(run, child))
             finally:
                 close_run(run, loop=loop)
-            return _results(spec, run, out)
+            return collect_results(spec, run, out)
         finally:
             loop.run(run.flush_events())
 
@@ -337,24 +267,6 @@ async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) 
     return {"results": records}
 
 
-def _results(spec: FanOutSpec, run: FanOutRun, out: Mapping[str, Any]) -> dict[str, Any]:
-    """Collect the records in input order, announce the end, apply `on_error`."""
-    results = _collect(spec, run, out.get("results") or [])
-    errors = [r for r in results if isinstance(r, SiblingError)]
-    run.done, run.failed = len(results), len(errors)
-    run.emit("done", peak_active=run.admission.stats().peak_active)
-    if errors and spec.on_error == "raise":
-        first = errors[0]
-        raise SiblingFailedError(
-            f"fan_out {spec.name!r}: {len(errors)} of {len(results)} siblings failed "
-            f"(first: sibling {first.index}: {first.error_type}: {first.message}); "
-            f"use on_error='collect' to get SiblingError results instead",
-            errors=errors,
-            results=results,
-        )
-    return {spec.into: results}
-
-
 class SyncUnsupportedError(TypeError):
     """The sibling subgraph cannot run synchronously where fan_out must run it so.
 
@@ -366,21 +278,6 @@ class SyncUnsupportedError(TypeError):
     Raised for the whole fan_out (not one sibling's `SiblingError`): every
     sibling would fail the same way.
     """
-
-
-def _collect(spec: FanOutSpec, run: FanOutRun, records: Sequence[Sequence[Any]]) -> list[Any]:
-    by_index: dict[int, Any] = {}
-    for rec in records:
-        index, kind, value = int(rec[0]), rec[1], rec[2]
-        by_index[index] = SiblingError.from_dict(value) if kind == _ERR else value
-    missing = [i for i in range(run.total) if i not in by_index]
-    if missing:
-        # Cannot happen unless the checkpoint was edited: say so clearly.
-        raise RuntimeError(
-            f"fan_out {spec.name!r}: no result for siblings {missing[:10]} "
-            f"(of {run.total}); the inner checkpoint is inconsistent"
-        )
-    return [by_index[i] for i in range(run.total)]
 
 
 def _build_inner(spec: FanOutSpec, subgraph: Any) -> Any:
@@ -501,13 +398,13 @@ def _sibling_failed(run: FanOutRun, index: int, item: Any, exc: Exception) -> di
         message=err.message,
         retryable=err.retryable,
     )
-    return {"results": [[index, _ERR, err.to_dict()]]}
+    return {"results": [[index, ERR, err.to_dict()]]}
 
 
 def _sibling_finished(run: FanOutRun, info: SiblingInfo, value: Any) -> dict[str, Any]:
     run.count_done(failed=False)
     run.emit("sibling_finished", index=info.index, turns=info.turn)
-    return {"results": [[info.index, _OK, value]]}
+    return {"results": [[info.index, OK, value]]}
 
 
 def fan_out(

@@ -15,10 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "langgraph_batch"
 MAX_LINES = 600
 # Modules over the limit today, with the size they may not grow past; shrink
 # a module and lower or drop its entry (the test says when one is back under).
-OVERSIZE = {
-    "langgraph_batch.chat_model": 700,
-    "langgraph_batch.nodes.fan_out": 620,
-}
+OVERSIZE: dict[str, int] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -517,7 +517,9 @@ def test_engine_kv_capacity_sizes_the_starting_limit() -> None:
     tiny = core(inflight_limit=256, initial_inflight=64, has_metrics=True)
     tiny.on_metrics(EngineMetrics(kv_capacity_tokens=40_000), 0.0)
     assert tiny.limit == 64  # only ever raises the start
-    off = core(inflight_limit=256, initial_inflight=64, kv_tokens_per_request=None, has_metrics=True)
+    off = core(
+        inflight_limit=256, initial_inflight=64, kv_tokens_per_request=None, has_metrics=True
+    )
     off.on_metrics(EngineMetrics(kv_capacity_tokens=4_000_000), 0.0)
     assert off.limit == 64
 
