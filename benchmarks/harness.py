@@ -34,7 +34,7 @@ import httpx
 
 from benchmarks import live, metrics, report, timeline
 from benchmarks.contenders._common import RESULT_PREFIX, sum_stats
-from benchmarks.toolservice import ROOT, ToolServiceConfig, tool_service
+from benchmarks.toolservice import ROOT, tool_service
 from benchmarks.workloads import (
     SINGLE_TURN,
     Workload,
@@ -44,6 +44,7 @@ from benchmarks.workloads import (
     system_rng,
     task_head,
     task_rng,
+    tool_config,
 )
 
 logger = logging.getLogger(__name__)
@@ -255,18 +256,6 @@ def shape_check(job: dict[str, Any], client: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _tool_config(wl: Workload, time_scale: float, seed: int) -> ToolServiceConfig:
-    # Tool latencies shrink with the emulator's clock so that ratios hold.
-    rng = wl.tool_latency_range_s
-    return ToolServiceConfig(
-        latency_s=wl.tool_latency_s / time_scale,
-        latency_range_s=None if rng is None else (rng[0] / time_scale, rng[1] / time_scale),
-        concurrency=wl.tool_concurrency,
-        result_words=wl.tool_result_words,
-        seed=seed,
-    )
-
-
 def _finish_entry(
     entry: dict[str, Any],
     *,
@@ -339,7 +328,7 @@ def run_workload(
     )
     with ExitStack() as stack:
         urls = [stack.enter_context(EmulatorProcess(cfg)).url for _ in range(wl.replicas)]
-        tool_url = stack.enter_context(tool_service(_tool_config(wl, time_scale, seed)))
+        tool_url = stack.enter_context(tool_service(tool_config(wl, time_scale, seed)))
         for name in contenders:
             if name == "ideal":
                 results[name] = ideal.ideal(wl, n=n, seed=seed)
@@ -469,7 +458,7 @@ def _run_live(
     if sizer.method != "tokenize":
         warnings.append(f"{target.url} has no /tokenize: prompts sized at one token per word")
     with ExitStack() as stack:
-        tool_url = stack.enter_context(tool_service(_tool_config(wl, 1.0, seed)))
+        tool_url = stack.enter_context(tool_service(tool_config(wl, 1.0, seed)))
         for name in contenders:
             if name == "ideal":
                 entry = ideal.ideal(wl, n=n, seed=seed)

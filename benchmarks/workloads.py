@@ -13,6 +13,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchmarks.toolservice import ToolServiceConfig
 from langgraph_batch.emulator.tokenizer import count_tokens
 
 # Words of at most four letters: each is exactly one token with its leading space.
@@ -386,6 +387,18 @@ def make_job(
         "max_concurrency": 32 if contender == "naive-bounded" else None,
         "max_inflight": 32,
     }
+
+
+def tool_config(wl: Workload, time_scale: float, seed: int) -> ToolServiceConfig:
+    """The tool service of `wl`, its latencies shrunk with the emulator's clock (ratios hold)."""
+    rng = wl.tool_latency_range_s
+    return ToolServiceConfig(
+        latency_s=wl.tool_latency_s / time_scale,
+        latency_range_s=None if rng is None else (rng[0] / time_scale, rng[1] / time_scale),
+        concurrency=wl.tool_concurrency,
+        result_words=wl.tool_result_words,
+        seed=seed,
+    )
 
 
 def params(wl: Workload, *, n: int, seed: int, time_scale: float) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The `langgraph-batch` command: `demo`, `emulate`, `bench`, `worker`.
 
 Each subcommand lives in its own module and is imported only when used, so
-`langgraph-batch emulate` does not import LangGraph and `demo` does not need
-the benchmark code.
+`langgraph-batch emulate` does not import LangGraph. `demo` and `bench` are
+applications of the source checkout (`benchmarks/`), not of the wheel.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 _USAGE = """usage: langgraph-batch <command> [options]
 
 commands:
-  demo      run a fan-out against the built-in emulator (or --backend-url)
+  demo      W1 batched vs plain LangGraph on the emulator or --backend-url (checkout)
   emulate   serve the vLLM/SGLang emulator over HTTP
   bench     run the benchmark workloads (from a source checkout)
   worker    run the siblings of distributed fan_outs (Redis URL, graph import path)
@@ -23,10 +23,41 @@ commands:
 """
 
 
-def _demo(argv: Sequence[str]) -> int:
-    from langgraph_batch.demo import main
+def _checkout(command: str, make_target: str) -> bool:
+    """Put the source checkout on `sys.path`; False, with a message, when there is none.
 
-    return main(argv)
+    The demo and the benchmarks live there (`benchmarks/`), not in the wheel.
+    """
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__init__.py").exists():
+        print(
+            f"langgraph-batch {command} runs from a source checkout: "
+            f"git clone the repository and run `make {make_target}` there.",
+            file=sys.stderr,
+        )
+        return False
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return True
+
+
+def _demo(argv: Sequence[str]) -> int:
+    # An application built from the benchmark's workload and contenders.
+    if not _checkout("demo", "demo"):
+        return 2
+    try:
+        from benchmarks.demo import main
+    except ImportError:
+        # Its emulator and the benchmark's tool service are HTTP servers
+        # (starlette, uvicorn); its baseline is ChatOpenAI: the `demo` extra.
+        from langgraph_batch._extras import missing_extra
+
+        err = missing_extra(
+            "demo", "the demo needs starlette and uvicorn (its emulator and tool service)"
+        )
+        print(f"langgraph-batch demo failed: ImportError: {err}", file=sys.stderr)
+        return 1
+    return int(main(argv))
 
 
 def _emulate(argv: Sequence[str]) -> int:
@@ -36,17 +67,9 @@ def _emulate(argv: Sequence[str]) -> int:
 
 
 def _bench(argv: Sequence[str]) -> int:
-    # The benchmark harness lives in the repository's benchmarks/ package, not
-    # in the wheel: it is a development tool. Find it next to the package.
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / "__init__.py").exists():
-        print(
-            "langgraph-batch bench runs from a source checkout: "
-            "git clone the repository and run `make bench` there.",
-            file=sys.stderr,
-        )
+    # The benchmark harness is a development tool: it is not in the wheel.
+    if not _checkout("bench", "bench"):
         return 2
-    sys.path.insert(0, str(root))
     from benchmarks.cli import main
 
     return int(main(argv))

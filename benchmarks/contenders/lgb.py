@@ -45,6 +45,8 @@ def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
     hosts = ",".join(u.split("://", 1)[1].rstrip("/") for u in urls)
     url = job.get("lgb_url") or f"{job.get('flavor') or 'vllm'}://{hosts}"
     options: dict[str, Any] = {}
+    if job.get("api_key"):  # the demo against a server with a key (never in a bench job)
+        options["api_key"] = job["api_key"]
     if job.get("lgb_options"):
         # Diagnostics only (`--lgb-option`): the reported runs use the defaults.
         options.update(job["lgb_options"])

@@ -74,7 +74,7 @@ def make_llm(job: dict[str, Any], url: str | None = None, *, answer: bool = Fals
     return ChatOpenAI(
         model=job["model"],
         base_url=(url or job["llm_url"]).rstrip("/") + "/v1",
-        api_key="x",  # type: ignore[arg-type]
+        api_key=job.get("api_key") or "x",  # type: ignore[arg-type]
         temperature=0.0,
         max_tokens=max_tokens,  # type: ignore[call-arg]
         timeout=600.0,

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from benchmarks.demo_server import EMULATOR_HEADER, EMULATOR_ID
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -159,7 +161,6 @@ def test_a_failing_baseline_is_reported_not_compared(baseline_refusing_proxy: st
 async def test_the_emulator_identifies_itself_in_version(emulator_url: str) -> None:
     import httpx
 
-    from langgraph_batch._demo_server import EMULATOR_HEADER, EMULATOR_ID
     from langgraph_batch.emulator import server
 
     assert (server.EMULATOR_HEADER, server.EMULATOR_ID) == (EMULATOR_HEADER, EMULATOR_ID)

@@ -46,7 +46,7 @@ DEMO = "from langgraph_batch.cli import main; raise SystemExit(main(['demo', '--
         pytest.param("starlette", EMULATE, "emulator", "starlette", id="emulate-no-starlette"),
         pytest.param("uvicorn", EMULATE, "emulator", "uvicorn", id="emulate-no-uvicorn"),
         pytest.param("uvicorn", SERVE, "emulator", "uvicorn", id="serve-no-uvicorn"),
-        pytest.param("starlette", DEMO, "demo", "--backend-url", id="demo-no-emulator"),
+        pytest.param("starlette", DEMO, "demo", "starlette", id="demo-no-emulator"),
         pytest.param(
             "prometheus_client",
             "import langgraph_batch.metrics",

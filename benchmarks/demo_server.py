@@ -1,4 +1,4 @@
-"""The server `langgraph-batch demo` talks to: found from a URL, probed, labelled.
+"""The server the demo (`benchmarks/demo.py`) talks to: found from a URL, probed, labelled.
 
 Any URL `backend_from_url` accepts works: the batched run uses it as given,
 the plain-LangGraph baseline (ChatOpenAI) and the probes use the first
@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from benchmarks.workloads import WORKLOADS, emulator_settings
+
 __all__ = (
     "EMULATOR_HEADER",
     "EMULATOR_ID",
@@ -33,9 +35,10 @@ EMULATOR_HEADER = "x-langgraph-batch-emulator"
 not imported from there: the emulator needs the optional starlette)."""
 EMULATOR_ID = "langgraph-batch"
 """Its value, and the `emulator` field of the emulator's `/version` answer."""
-EMULATOR_PROFILE = "h100-llama3-8b"
-"""The profile of the emulator the demo starts when no URL is given."""
-EMULATOR_OUTPUT_TOKENS = 200
+
+
+W1 = WORKLOADS["W1"]
+"""The workload the demo runs (scaled to its `--n`)."""
 
 
 class DemoError(Exception):
@@ -161,13 +164,13 @@ def demo_backend_url(backend_url: str | None, *, time_scale: float) -> Iterator[
             "(or pass --backend-url to use your own server)",
         ) from None
 
+    # The benchmark's W1 server: its profile, and the scenario every contender meets.
     cfg = EmulatorConfig(
         port=0,
-        profile=EMULATOR_PROFILE,
+        profile=W1.profile,
         time_scale=time_scale,
-        turns=2,
-        output_tokens=EMULATOR_OUTPUT_TOKENS,
         model="emulated-llama-3-8b",
+        **emulator_settings(W1),
     )
     with EmulatorProcess(cfg) as emu:
         # The vLLM backend: KV capacity from /metrics, priorities, request ids.
