@@ -101,7 +101,7 @@ async def _tool_calls(job: dict[str, Any], *, reset: bool = False) -> int:
     return executed
 
 
-def _start(report: _RunReport) -> None:
+def _start() -> None:
     RECORDER.clear()
     RECORDER.t0 = time.monotonic()
 
@@ -127,7 +127,7 @@ async def _run_batched(job: dict[str, Any], client: Any, *, progress: bool) -> _
     base = lgb.make_llm(job)
     graph = lgb.build(job, bind(base, tools, job), tools)
     n = len(job["tasks"])
-    _start(report)
+    _start()
     final: dict[str, Any] = {}
     stream = graph.astream(
         {"tasks": [{"index": i} for i in range(n)]},
@@ -183,14 +183,13 @@ def _naive_llm(job: dict[str, Any]) -> tuple[Any, str]:
     return naive.make_llm(job), "plain LangGraph (Send + ChatOpenAI + ToolNode)"
 
 
-async def _run_naive(job: dict[str, Any], client: Any) -> _RunReport:
+async def _run_naive(job: dict[str, Any], client: Any, llm: Any, label: str) -> _RunReport:
     """The `naive` contender's graph: a bare `Send` fan-out fails as a whole on a first error."""
-    llm, label = _naive_llm(job)
     report = _RunReport(label=label)
     tools = make_tools(job, client)
     graph = naive.build(job, bind(llm, tools, job), tools)
     n = len(job["tasks"])
-    _start(report)
+    _start()
     final: dict[str, Any] = {}
     try:
         final = await graph.ainvoke(
@@ -258,28 +257,25 @@ def _side_by_side(batched: _RunReport, plain: _RunReport, scale: float) -> None:
         c = r.server.get("cached_tokens") or 0
         return f"{100 * c / p:.0f}%" if p else "-"
 
-    def both(name: str, a: str, b: str) -> tuple[str, str, str]:
-        return name, a, b
-
-    rows = [
-        both("makespan", fmt_s(batched.makespan_s), fmt_s(plain.makespan_s)),
-        both(
+    rows: list[tuple[str, str, str]] = [
+        ("makespan", fmt_s(batched.makespan_s), fmt_s(plain.makespan_s)),
+        (
             "p95 sibling latency",
             fmt_s(_pct(batched.latencies, 0.95)),
             fmt_s(_pct(plain.latencies, 0.95)),
         ),
-        both(
+        (
             "first result",
             fmt_s(min(batched.latencies, default=math.nan)),
             fmt_s(min(plain.latencies, default=math.nan)),
         ),
-        both("siblings failed", str(len(batched.failures)), str(len(plain.failures))),
-        both(
+        ("siblings failed", str(len(batched.failures)), str(len(plain.failures))),
+        (
             "LLM requests",
             str(batched.server.get("requests", batched.scheduler.get("requests", "-"))),
             str(plain.server.get("requests", "-")),
         ),
-        both(
+        (
             "tool calls requested/executed",
             f"{batched.tool_requested}/{batched.tool_executed}",
             f"{plain.tool_requested}/{plain.tool_executed}",
@@ -287,13 +283,13 @@ def _side_by_side(batched: _RunReport, plain: _RunReport, scale: float) -> None:
     ]
     if batched.server and plain.server:
         rows += [
-            both(
+            (
                 "prefill tokens computed",
                 f"{batched.server.get('prefill_tokens_computed', 0):,}",
                 f"{plain.server.get('prefill_tokens_computed', 0):,}",
             ),
-            both("prefix cache hit rate", hit(batched), hit(plain)),
-            both(
+            ("prefix cache hit rate", hit(batched), hit(plain)),
+            (
                 "preemptions",
                 str(batched.server.get("preemptions", 0)),
                 str(plain.server.get("preemptions", 0)),
@@ -355,8 +351,9 @@ async def _compare(args: argparse.Namespace, wl: Any, server: Server, job: dict[
         # Warm both stacks up (imports, clients, graph compilation) with one
         # sibling each, so neither run is charged one-time start-up costs.
         await _run_batched(warmup_job(job), client, progress=False)
+        naive_llm, naive_label = (None, "") if args.skip_naive else _naive_llm(job)
         if not args.skip_naive:
-            await _run_naive(warmup_job(job), client)
+            await _run_naive(warmup_job(job), client, naive_llm, naive_label)
         await _tool_calls(job, reset=True)
         _say("")
         _say("1) langgraph-batch: fan_out + BatchedChatModel + coalesced tool")
@@ -370,9 +367,9 @@ async def _compare(args: argparse.Namespace, wl: Any, server: Server, job: dict[
         if args.skip_naive:
             return code
         _say("")
-        _say("2) the same job, plain LangGraph: Send + ChatOpenAI + ToolNode, no limits")
+        _say(f"2) the same job, {naive_label}, no limits")
         await reset_server(server)
-        plain = await _run_naive(job, client)
+        plain = await _run_naive(job, client, naive_llm, naive_label)
         plain.tool_executed = await _tool_calls(job, reset=True)
         plain.server = await server_stats(server)
     finally:

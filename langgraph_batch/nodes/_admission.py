@@ -213,6 +213,7 @@ class SiblingAdmission:
 
     def stats(self) -> AdmissionStats:
         """A snapshot of the gate's counters."""
+        own = self.resident_tokens()
         return AdmissionStats(
             max_active=self._max_active,
             active=len(self._holders),
@@ -220,12 +221,10 @@ class SiblingAdmission:
             waiting_returning=sum(1 for _, f, _s in self._returning if not f.done()),
             peak_active=self._peak,
             resident=len(self._resident),
-            resident_tokens=self.resident_tokens(),
+            resident_tokens=own,
             kv_budget=self.kv_budget,
             sibling_estimate=self.sibling_estimate,
-            server_resident_tokens=(
-                self.resident_tokens() if self._ledger is None else self._ledger.resident_tokens()
-            ),
+            server_resident_tokens=own if self._ledger is None else self._ledger.resident_tokens(),
         )
 
     def start_sizing(self) -> None:

@@ -320,5 +320,6 @@ def close_run(run: FanOutRun, *, loop: BackgroundLoop | None = None) -> None:
 
 
 def close_empty(spec: FanOutSpec, run: FanOutRun) -> dict[str, Any]:
+    run.admission.close()  # nothing ran: leave the server's KV ledger at once
     run.emit("done")
     return {spec.into: []}
