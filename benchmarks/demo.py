@@ -71,7 +71,6 @@ def _workload(n: int) -> Any:
 
 @dataclass(slots=True)
 class _RunReport:
-    label: str
     makespan_s: float = 0.0
     latencies: list[float] = field(default_factory=list)
     answers: dict[int, str] = field(default_factory=dict)
@@ -122,7 +121,7 @@ async def _run_batched(job: dict[str, Any], client: Any, *, progress: bool) -> _
     from langgraph_batch.nodes import SiblingError
     from langgraph_batch.tools import coalesce
 
-    report = _RunReport(label="langgraph-batch (fan_out + BatchedChatModel + coalesce)")
+    report = _RunReport()
     tools = [coalesce(t) for t in make_tools(job, client)]
     base = lgb.make_llm(job)
     graph = lgb.build(job, bind(base, tools, job), tools)
@@ -183,9 +182,9 @@ def _naive_llm(job: dict[str, Any]) -> tuple[Any, str]:
     return naive.make_llm(job), "plain LangGraph (Send + ChatOpenAI + ToolNode)"
 
 
-async def _run_naive(job: dict[str, Any], client: Any, llm: Any, label: str) -> _RunReport:
+async def _run_naive(job: dict[str, Any], client: Any, llm: Any) -> _RunReport:
     """The `naive` contender's graph: a bare `Send` fan-out fails as a whole on a first error."""
-    report = _RunReport(label=label)
+    report = _RunReport()
     tools = make_tools(job, client)
     graph = naive.build(job, bind(llm, tools, job), tools)
     n = len(job["tasks"])
@@ -353,7 +352,7 @@ async def _compare(args: argparse.Namespace, wl: Any, server: Server, job: dict[
         await _run_batched(warmup_job(job), client, progress=False)
         naive_llm, naive_label = (None, "") if args.skip_naive else _naive_llm(job)
         if not args.skip_naive:
-            await _run_naive(warmup_job(job), client, naive_llm, naive_label)
+            await _run_naive(warmup_job(job), client, naive_llm)
         await _tool_calls(job, reset=True)
         _say("")
         _say("1) langgraph-batch: fan_out + BatchedChatModel + coalesced tool")
@@ -369,7 +368,7 @@ async def _compare(args: argparse.Namespace, wl: Any, server: Server, job: dict[
         _say("")
         _say(f"2) the same job, {naive_label}, no limits")
         await reset_server(server)
-        plain = await _run_naive(job, client, naive_llm, naive_label)
+        plain = await _run_naive(job, client, naive_llm)
         plain.tool_executed = await _tool_calls(job, reset=True)
         plain.server = await server_stats(server)
     finally:
