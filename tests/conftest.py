@@ -19,6 +19,15 @@ for _module in ("httpcore2", "httpx2"):
     with contextlib.suppress(ImportError):
         importlib.import_module(_module)
 
+# pytest-recording imports vcr (and compiles it) at the setup of the first
+# cassette test, while earlier tests' background-loop threads may be parsing
+# source with `ast` (LangChain reads lambdas' source): CPython 3.11 shares the
+# AST converter's recursion counter between threads (gh-106905) and raised
+# "SystemError: AST constructor recursion depth mismatch" there once in a
+# clean-clone run. Import it now, before any thread exists.
+with contextlib.suppress(ImportError):
+    importlib.import_module("pytest_recording._vcr")
+
 
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, bool]]:
