@@ -13,10 +13,8 @@ touched).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from langgraph_batch.emulator.engine import Request
+from langgraph_batch.emulator.request import Request
 
 __all__ = ("BLOCK_SIZE", "KVCache")
 
