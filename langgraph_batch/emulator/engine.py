@@ -122,7 +122,9 @@ class Engine:
         self.policy: Policy = scheduling_policy
         self.flavor = flavor
         self.kv = KVCache(
-            num_blocks=tokens // BLOCK_SIZE, enable_prefix_caching=enable_prefix_caching
+            num_blocks=tokens // BLOCK_SIZE,
+            enable_prefix_caching=enable_prefix_caching,
+            cache_duplicates=flavor == "vllm",
         )
         self.running: list[Request] = []
         self._fcfs: deque[Request] = deque()
