@@ -7,8 +7,51 @@ cost model; `commit(step, end)` applies the step's results at its end time.
 tests); `langgraph_batch.emulator.driver.RealTimeDriver` drives it against the
 wall clock for the HTTP server.
 
+`schedule` follows vLLM 0.33.0's `Scheduler.schedule()`
+(`vllm/v1/core/sched/scheduler.py`); the blocks are `kv_cache.KVCache`'s.
+
+- Running requests come first, in the order of `running` (the order they
+  were admitted in). Each gets all the tokens it has left to compute, a
+  decode token or the rest of its prompt, cut to `long_prefill_token_threshold`
+  (when set and more than one request is running or waiting) and to the token
+  budget left (`max_batched_tokens`). A long prompt is therefore prefilled in
+  chunks, one per step.
+- When a running request's blocks do not fit, requests are preempted until
+  they do (`_preempt_request`): under `fcfs` the last one in `running`, under
+  `priority` the running request with the largest (priority, arrival), the
+  first such one in `running` on a tie. That may be a request scheduled
+  earlier in the same step: it then leaves the step and its tokens go back
+  to the budget. A preempted request frees its blocks (those with a hash stay
+  cached), its `num_computed` drops to 0 and it goes back to the front of
+  the waiting queue (under `priority`, into the heap). When it is scheduled
+  again it looks the cache up like a new request: its own blocks that were
+  not evicted come back as hits, and it recomputes the rest, generated
+  tokens included.
+- If the running requests preempted anyone, no waiting request is admitted
+  in that step. Otherwise waiting requests are admitted in queue order
+  (`fcfs`: arrival; `priority`: (priority, arrival)) while the budget lasts
+  and fewer than `max_num_seqs` run, each with its cache hits and one chunk.
+  The first one whose blocks do not fit stops admission: with
+  `scheduler_reserve_full_isl` (vLLM's default) it must fit all its known
+  tokens, not only the chunk.
+- Counters as vLLM's `/metrics` reports them: `prefix_cache_queries` and
+  `prefix_cache_hits` (`vllm:prefix_cache_{queries,hits}_total`) and
+  `cached_tokens` (`vllm:prompt_tokens_cached_total`) count a request when it
+  is first admitted (`KVCacheManager.record_prefix_cache_stats`; requests
+  admitted again after a preemption go to `PrefixCacheStats.preempted_*`,
+  which no Prometheus counter exports); `preemptions`
+  (`vllm:num_preemptions_total`) counts every preemption.
+
+Deliberate simplifications: a step runs its requests at once and the next
+step is scheduled only after `commit` (vLLM without async scheduling or
+pipeline parallelism), so no request is ever scheduled with output still in
+flight. There is no speculative decoding, no KV connector and no
+`max_model_len` cut. Under `priority`, ties of (priority, arrival) in the
+waiting queue go to the request created first (vLLM compares request ids).
+
 Per step the work is O(requests scheduled), never O(tokens): tokens are
 counted, and the text of a request is produced once, when it arrives.
+Picking a `priority` victim scans `running`, as vLLM does.
 """
 
 from __future__ import annotations
@@ -47,9 +90,13 @@ class EngineCounters:
     cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at first scheduling."""
     prefix_cache_queries: int = 0
+    """Tokens looked up in the prefix cache, counted when a request is first
+    admitted (not again after a preemption, as in vLLM's Prometheus counter)."""
     prefix_cache_hits: int = 0
+    """Of those, tokens found in the cache."""
     generation_tokens: int = 0
     preemptions: int = 0
+    """Every preemption, including repeated ones of one request."""
     steps: int = 0
     busy_time: float = 0.0
     """Engine seconds spent in steps."""
@@ -80,13 +127,21 @@ class Engine:
 
     Args:
         profile: Cost model.
-        kv_tokens: KV capacity in tokens (rounded down to whole blocks).
+        kv_tokens: KV capacity in tokens (rounded down to whole blocks, all
+            usable: vLLM's `num_gpu_blocks` also counts its null block).
         max_num_seqs: Most requests running at once.
         max_batched_tokens: Token budget of one step.
         scheduling_policy: `fcfs` or `priority` (lower `priority` first).
         enable_prefix_caching: Share full blocks across requests.
         flavor: `vllm` registers a block when its step is scheduled (same-step
-            sharing); `sglang` inserts it only after the step ran.
+            sharing); `sglang` inserts it only after the step ran, and keeps
+            one cached copy of a block (the scheduling rules are vLLM's for both).
+        long_prefill_token_threshold: Most tokens of one request per step
+            when more than one request is running or waiting; 0 (vLLM's
+            default) for no cap.
+        scheduler_reserve_full_isl: Admit a waiting request only if blocks
+            for all its known tokens fit, not only for its first chunk (vLLM's
+            default, True).
 
     Raises:
         ValueError: a limit is not positive or a name is unknown.
@@ -102,6 +157,8 @@ class Engine:
         scheduling_policy: Policy = "fcfs",
         enable_prefix_caching: bool = True,
         flavor: Literal["vllm", "sglang"] = "vllm",
+        long_prefill_token_threshold: int = 0,
+        scheduler_reserve_full_isl: bool = True,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -113,6 +170,10 @@ class Engine:
             )
         if flavor not in ("vllm", "sglang"):
             raise ValueError(f"flavor must be 'vllm' or 'sglang', got {flavor!r}")
+        if long_prefill_token_threshold < 0:
+            raise ValueError(
+                f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}"
+            )
         tokens = profile.kv_tokens if kv_tokens is None else kv_tokens
         if tokens < BLOCK_SIZE:
             raise ValueError(f"kv_tokens must be >= {BLOCK_SIZE}, got {tokens}")
@@ -121,6 +182,8 @@ class Engine:
         self.max_batched_tokens = max_batched_tokens
         self.policy: Policy = scheduling_policy
         self.flavor = flavor
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.kv = KVCache(
             num_blocks=tokens // BLOCK_SIZE,
             enable_prefix_caching=enable_prefix_caching,
@@ -224,84 +287,83 @@ class Engine:
     # -- the step ------------------------------------------------------------
 
     def _preempt(self, victim: Request) -> None:
-        self.running.remove(victim)
+        # Scheduler._preempt_request: free the blocks (KVCacheManager.free keeps
+        # the hashed ones cached), forget what was computed, back to the front.
         self.kv.free(victim)
         victim.num_computed = 0
         victim.num_preemptions += 1
         self.counters.preemptions += 1
         self._push_waiting(victim, front=True)
 
-    def _pick_victim(self, candidates: list[Request]) -> Request:
+    def _pick_victim(self) -> int:
+        """Index in `running` of the request to preempt (Scheduler.schedule)."""
+        running = self.running
         if self.policy == "priority":
-            return max(candidates, key=lambda r: (r.priority, r.arrival, r.seq))
-        return candidates[-1]
+            # max() keeps the first of equal keys, as vLLM's does.
+            victim = max(running, key=lambda r: (r.priority, r.arrival))
+            return running.index(victim)
+        return len(running) - 1
 
     def schedule(self, now: float) -> ScheduledStep | None:
         """Choose the work of one step starting at `now`; None when idle.
 
-        Running requests go first (decodes, unfinished prefill chunks), then
-        waiting ones while the token budget, `max_num_seqs` and KV memory allow.
+        Running requests go first (decodes and prefill chunks, in `running`
+        order, preempting when KV runs out), then waiting ones while the
+        token budget, `max_num_seqs` and KV memory allow and nobody was
+        preempted in this step. The module docstring gives the rules.
         """
         if self.in_flight is not None:
             raise RuntimeError("commit the step in flight before scheduling another")
         budget = self.max_batched_tokens
-        items: list[tuple[Request, int]] = []
-        kv = self.kv
+        # scheduled request id -> tokens: a preempted one gives them back.
+        scheduled: dict[int, int] = {}
+        order: list[Request] = []
         deferred: list[tuple[Request, int]] = []
+        kv = self.kv
+        running = self.running
         preempted = False
-        scheduled: set[int] = set()
+        threshold = self.long_prefill_token_threshold
+        if len(running) + self._num_waiting <= 1:
+            threshold = 0  # nobody to starve (Scheduler.schedule)
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             if req.status is RequestStatus.ABORTED:
-                self.running.pop(i)
+                running.pop(i)
                 kv.free(req)
                 continue
-            n = min(req.num_known_tokens - req.num_computed, budget)
-            ok = True
+            n = req.num_known_tokens - req.num_computed
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            fits = True
             while not kv.allocate(req, n):
-                rest = [r for r in self.running[i:] if id(r) not in scheduled]
-                victim = self._pick_victim(rest)
+                v = self._pick_victim()
+                victim = running.pop(v)
+                if v < i:
+                    i -= 1
+                given_back = scheduled.pop(id(victim), None)
+                if given_back is not None:
+                    budget += given_back
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
-                    ok = False
+                    fits = False
                     break
-            if not ok:
-                continue
-            items.append((req, n))
+            if not fits:
+                if self.policy == "priority":
+                    continue  # it preempted itself; those after it may still fit
+                break
+            scheduled[id(req)] = n
+            order.append(req)
+            # Cached at scheduling, as allocate_slots does: a victim picked
+            # later in this step leaves these blocks cached when it frees them.
             self._register(req, req.num_computed + n, deferred)
-            scheduled.add(id(req))
             budget -= n
             i += 1
+        items = [(r, scheduled[id(r)]) for r in order if id(r) in scheduled]
         if not preempted:
-            while budget > 0 and len(self.running) < self.max_num_seqs:
-                cand = self._peek_waiting()
-                if cand is None:
-                    break
-                req = cand
-                first = req.first_scheduled is None
-                hits = kv.find_cached(req) if not req.blocks else []
-                hit_tokens = len(hits) * BLOCK_SIZE
-                n = min(req.num_known_tokens - hit_tokens, budget)
-                if not kv.allocate(req, n, hits):
-                    break
-                self._pop_waiting()
-                req.status = RequestStatus.RUNNING
-                req.num_computed = hit_tokens
-                if first:
-                    req.first_scheduled = now
-                    req.cached_tokens = hit_tokens
-                    c = self.counters
-                    c.cached_tokens += hit_tokens
-                    c.prefix_cache_queries += req.prompt_len
-                    c.prefix_cache_hits += hit_tokens
-                self.running.append(req)
-                items.append((req, n))
-                # Registered now, so a request scheduled next in this very step
-                # finds these blocks (vLLM V1's same-step prefix sharing).
-                self._register(req, hit_tokens + n, deferred)
-                budget -= n
+            self._admit(now, budget, threshold, items, deferred)
         if not items:
             return None
         shape_tokens = 0
@@ -337,6 +399,48 @@ class Engine:
         self.in_flight = step
         return step
 
+    def _admit(
+        self,
+        now: float,
+        budget: int,
+        threshold: int,
+        items: list[tuple[Request, int]],
+        deferred: list[tuple[Request, int]],
+    ) -> None:
+        """Admit waiting requests into `items` while they fit (Scheduler.schedule)."""
+        kv = self.kv
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self._peek_waiting()
+            if req is None:
+                break
+            hits = kv.find_cached(req) if not req.blocks else []
+            hit_tokens = len(hits) * BLOCK_SIZE
+            n = req.num_known_tokens - hit_tokens
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            if not kv.allocate(req, n, hits, full_sequence=self.scheduler_reserve_full_isl):
+                break  # the head of the queue blocks the others, as in vLLM
+            self._pop_waiting()
+            req.status = RequestStatus.RUNNING
+            req.num_computed = hit_tokens
+            if req.first_scheduled is None:
+                req.first_scheduled = now
+            if req.num_preemptions == 0:
+                # KVCacheManager.record_prefix_cache_stats at admission; a
+                # request back from a preemption counts as `preempted_*`.
+                req.cached_tokens = hit_tokens
+                c = self.counters
+                c.cached_tokens += hit_tokens
+                c.prefix_cache_queries += req.num_known_tokens
+                c.prefix_cache_hits += hit_tokens
+            self.running.append(req)
+            items.append((req, n))
+            # Registered now, so a request admitted next in this very step
+            # finds these blocks (vLLM V1's same-step prefix sharing).
+            self._register(req, hit_tokens + n, deferred)
+            budget -= n
+
     def _register(self, req: Request, tokens: int, deferred: list[tuple[Request, int]]) -> None:
         if self.flavor == "sglang":
             deferred.append((req, tokens))
@@ -357,7 +461,7 @@ class Engine:
         c.busy_time += step.duration
         kv = self.kv
         for req, tokens in step.deferred_register:
-            if not req.finished:
+            if req.status is RequestStatus.RUNNING:
                 kv.register_full_blocks(req, tokens)
         touched: list[Request] = []
         done: list[Request] = []
@@ -365,8 +469,6 @@ class Engine:
             if req.status is RequestStatus.ABORTED:
                 done.append(req)
                 continue
-            if req.status is not RequestStatus.RUNNING:
-                continue  # preempted later in the same schedule pass
             before = req.num_computed
             req.num_computed = before + n
             if before < req.prompt_len:
