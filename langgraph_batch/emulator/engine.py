@@ -86,7 +86,9 @@ class EngineCounters:
     aborted: int = 0
     prompt_tokens_received: int = 0
     prefill_tokens_computed: int = 0
-    """Prompt (and recomputed) tokens actually run through the model."""
+    """Prompt tokens actually run through the model, again each time a
+    preemption makes a request recompute them. Generated tokens recomputed
+    after a preemption are not counted here."""
     cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at first scheduling."""
     prefix_cache_queries: int = 0
