@@ -1,4 +1,4 @@
-"""`langgraph-batch bench <W1|...|W7|all> [--n N] [--contenders a,b] [--time-scale X] ...`.
+"""`langgraph-batch bench <W1|...|W9|all> [--n N] [--contenders a,b] [--time-scale X] ...`.
 
 For each workload: start the emulator (one process per replica: W4 has 4),
 or use a live server (`--server vllm://host:port --model NAME`), and the tool
@@ -27,7 +27,7 @@ from benchmarks.harness import (
 )
 from benchmarks.live import ServerTarget
 from benchmarks.toolservice import ROOT
-from benchmarks.workloads import SINGLE_TURN, WORKLOADS
+from benchmarks.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
 
 ALL_CONTENDERS = (
     "naive",
@@ -40,10 +40,22 @@ ALL_CONTENDERS = (
 
 
 def known_contenders(workload: str) -> tuple[str, ...]:
-    """The contenders `workload` can run."""
+    """The contenders `workload` can run (and any `naive-bounded-<k>`, a sweep)."""
     if workload in SINGLE_TURN:
         return (*SINGLE_TURN_CONTENDERS, "ideal")
+    if WORKLOADS[workload].simulation:
+        return ("naive", "naive-bounded", "langgraph-batch", "ideal")
     return ALL_CONTENDERS
+
+
+def is_known(workload: str, contender: str) -> bool:
+    """Whether `workload` can run `contender`."""
+    if contender in known_contenders(workload):
+        return True
+    try:
+        return workload not in SINGLE_TURN and bounded_concurrency(contender) is not None
+    except ValueError:
+        return False
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -135,9 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
         for wid in ids:
             known = known_contenders(wid)
-            unknown = [c for c in chosen if c not in known]
+            unknown = [c for c in chosen if not is_known(wid, c)]
             if unknown:
-                log(f"{wid}: unknown contender(s) {unknown}; choose from {', '.join(known)}")
+                log(
+                    f"{wid}: unknown contender(s) {unknown}; choose from {', '.join(known)} "
+                    "or naive-bounded-<k>"
+                )
                 return 2
     written: list[dict[str, Any]] = []
     t_start = time.monotonic()

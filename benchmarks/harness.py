@@ -37,7 +37,9 @@ from benchmarks.contenders._common import RESULT_PREFIX, sum_stats
 from benchmarks.toolservice import ROOT, tool_service
 from benchmarks.workloads import (
     SINGLE_TURN,
+    WORKLOADS,
     Workload,
+    bounded_concurrency,
     emulator_settings,
     make_job,
     params,
@@ -57,6 +59,7 @@ MODULES = {
     "batchagent": "benchmarks.contenders.batchagent_runner",
 }
 SINGLE_TURN_MODULE = "benchmarks.contenders.single"
+SIMULATION_MODULE = "benchmarks.contenders.simulation"
 SINGLE_TURN_CONTENDERS = (
     "abatch-bounded",
     "abatch",
@@ -128,7 +131,13 @@ def versions() -> dict[str, Any]:
 
 def module_for(workload: str, name: str) -> str:
     """The module a contender of `workload` runs."""
-    return SINGLE_TURN_MODULE if workload in SINGLE_TURN else MODULES[name]
+    if workload in SINGLE_TURN:
+        return SINGLE_TURN_MODULE
+    if WORKLOADS[workload].simulation:
+        return SIMULATION_MODULE
+    if bounded_concurrency(name) is not None:
+        return MODULES["naive"]
+    return MODULES[name]
 
 
 def replica_stats(urls: Sequence[str]) -> dict[str, Any]:
@@ -338,7 +347,14 @@ def run_workload(
                 metrics.reset_emulator(url)
             metrics.reset_tools(tool_url)
             job = make_job(
-                wl, n=n, seed=seed, llm_url=urls, tool_url=tool_url, model=MODEL, contender=name
+                wl,
+                n=n,
+                seed=seed,
+                llm_url=urls,
+                tool_url=tool_url,
+                model=MODEL,
+                contender=name,
+                time_scale=time_scale,
             )
             if lgb_options:
                 job["lgb_options"] = lgb_options
@@ -422,7 +438,7 @@ def _result(
 def _live_prompts(wl: Workload, n: int, seed: int, sizer: live.Sizer) -> tuple[str, list[str]]:
     """The shared system prompt (with a placeholder run prefix) and the tasks, in server tokens."""
     specs = [(live.run_nonce() + " " + wl.system_head, wl.system_tokens, system_rng(seed))]
-    specs += [(task_head(wl, i), wl.task_tokens, task_rng(seed, i)) for i in range(n)]
+    specs += [(task_head(wl, i, seed), wl.task_tokens, task_rng(seed, i)) for i in range(n)]
     texts = asyncio.run(sizer.fit_all(specs))
     return texts[0], texts[1:]
 

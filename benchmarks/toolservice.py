@@ -42,23 +42,49 @@ class ToolServiceConfig:
     """How the emulated tool API behaves (latencies in real, already scaled, seconds)."""
 
     latency_s: float = 0.8
-    """Fixed latency of one call, used when `latency_range_s` is None."""
+    """Fixed latency of one call, used when `latency_range_s` and `latency_mix` are None."""
     latency_range_s: tuple[float, float] | None = None
     """If set, each distinct (tool, args) key gets a latency drawn (seeded) from this range."""
+    latency_mix: tuple[tuple[float, float, float], ...] | None = None
+    """A long-tailed latency: (weight, low, high) components; each distinct key picks a
+    component by weight, then a latency uniformly in it (seeded). Wins over the others."""
     concurrency: int = 10
     """At most this many calls execute at once; the rest wait in a FIFO queue."""
     result_words: int = 40
     """Length of each result text in words (the emulator tokenizes roughly by words)."""
+    result_tokens_range: tuple[int, int] | None = None
+    """If set, each distinct key's result is sized (seeded, log-uniform in the range) in
+    emulator tokens instead of `result_words` words."""
     seed: int = 0
+
+    def _draw(self, what: str, key: str) -> float:
+        """A uniform draw in [0, 1) fixed by the seed, `what` and the call's key."""
+        digest = hashlib.sha256(f"{self.seed}:{what}{key}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
 
     def latency_for(self, key: str) -> float:
         """Latency of one call with canonical key `key`."""
+        if self.latency_mix:
+            pick = self._draw("mix:", key) * sum(w for w, _, _ in self.latency_mix)
+            lo, hi = self.latency_mix[-1][1:]
+            for weight, low, high in self.latency_mix:
+                if pick < weight:
+                    lo, hi = low, high
+                    break
+                pick -= weight
+            return lo + (hi - lo) * self._draw("mixv:", key)
         if self.latency_range_s is None:
             return self.latency_s
         lo, hi = self.latency_range_s
-        digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
-        frac = int.from_bytes(digest[:8], "big") / 2**64
-        return lo + (hi - lo) * frac
+        return lo + (hi - lo) * self._draw("", key)
+
+    def result_for(self, key: str) -> str:
+        """The result text of one call with canonical key `key`."""
+        if self.result_tokens_range is None:
+            return result_text(key, self.result_words)
+        lo, hi = self.result_tokens_range
+        tokens = round(lo * (hi / lo) ** self._draw("size:", key)) if lo > 0 else hi
+        return result_text_tokens(key, tokens)
 
 
 _WORDS = [
@@ -105,6 +131,43 @@ def result_text(key: str, words: int) -> str:
         out.append(_WORDS[(digest[i % len(digest)] + i) % len(_WORDS)])
         i += 1
     return " ".join(out)
+
+
+# Words of at most four letters: one emulator token each, with their leading space.
+_SHORT = (
+    "data",
+    "row",
+    "file",
+    "line",
+    "test",
+    "pass",
+    "fail",
+    "log",
+    "diff",
+    "hunk",
+    "node",
+    "edge",
+    "path",
+    "call",
+    "type",
+    "name",
+    "list",
+    "item",
+    "code",
+    "span",
+)
+
+
+def result_text_tokens(key: str, tokens: int) -> str:
+    """Deterministic result text for `key`, `tokens` emulator tokens long (at least its head)."""
+    from langgraph_batch.emulator.tokenizer import count_tokens
+
+    head = f"result[{key}]:"
+    digest = hashlib.sha256(key.encode()).digest()
+    n = max(0, tokens - count_tokens(head))
+    return head + "".join(
+        " " + _SHORT[(digest[i % len(digest)] + i) % len(_SHORT)] for i in range(n)
+    )
 
 
 def canonical_key(name: str, args: dict[str, Any]) -> str:
@@ -158,7 +221,7 @@ def build_app(config: ToolServiceConfig) -> Any:
         finally:
             if not acquired:
                 state.waiting -= 1
-        return JSONResponse({"result": result_text(key, config.result_words)})
+        return JSONResponse({"result": config.result_for(key)})
 
     async def stats(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -239,8 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="{}", help="ToolServiceConfig as JSON")
     args = parser.parse_args(argv)
     raw = json.loads(args.config)
-    if raw.get("latency_range_s") is not None:
-        raw["latency_range_s"] = tuple(raw["latency_range_s"])
+    for name in ("latency_range_s", "result_tokens_range"):
+        if raw.get(name) is not None:
+            raw[name] = tuple(raw[name])
+    if raw.get("latency_mix") is not None:
+        raw["latency_mix"] = tuple(tuple(c) for c in raw["latency_mix"])
     config = ToolServiceConfig(**raw)
     import uvicorn
 

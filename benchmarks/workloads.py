@@ -134,7 +134,37 @@ class Workload:
     """The start of the shared system prompt (filler words make up the rest)."""
     task_head: str = "Task {index}: investigate the topic key={key} and report. Context:"
     """The start of each sibling's task (`{index}`, `{key}`)."""
+    turns_range: tuple[int, int] | None = None
+    """Long-horizon agents: each sibling's own number of turns, drawn (seeded) uniformly
+    in this range; its task carries `turns=<n>`, which the emulated model follows."""
+    think_tokens: tuple[int, int] | None = None
+    """Assistant text (tokens, drawn per turn) before each tool call: `think=<lo>-<hi>`."""
+    tool_latency_mix: tuple[tuple[float, float, float], ...] | None = None
+    """Long-tailed tool latencies: (weight, low s, high s) components (ToolServiceConfig)."""
+    tool_result_tokens_range: tuple[int, int] | None = None
+    """Tool results sized per call, log-uniform in this range of tokens (else
+    `tool_result_words` words)."""
+    max_model_len: int | None = None
+    """The emulated server's context window (None: the emulator's default, 32,768)."""
+    ticks: int = 0
+    """Simulation workloads (W9): ticks of the world loop; 0 for agent workloads."""
+    world_latency_s: float = 0.0
+    """Simulation: the world update between ticks (every agent waits on it)."""
+    observation_tokens: tuple[int, int] = (200, 400)
+    """Simulation: tokens of each agent's observation per tick (drawn per agent and tick)."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def simulation(self) -> bool:
+        """A tick-based multi-agent simulation (W9) rather than tool-calling agents."""
+        return self.ticks > 0
+
+    def turns_for(self, index: int, seed: int) -> int:
+        """Sibling `index`'s number of model calls (`turns`, or its draw in `turns_range`)."""
+        if self.turns_range is None:
+            return self.turns
+        lo, hi = self.turns_range
+        return random.Random(f"turns:{seed}:{index}").randint(lo, hi)
 
     def key(self, index: int) -> str:
         """The tool-argument key of sibling `index`."""
@@ -266,6 +296,89 @@ WORKLOADS["W7"] = Workload(
     ),
 )
 
+LONG_HORIZON_BOUNDED = tuple(f"naive-bounded-{k}" for k in (8, 16, 24, 32, 48))
+"""W8/W9's sweep of plain LangGraph's `max_concurrency`: the report keeps the best,
+what a careful user tunes by hand."""
+
+WORKLOADS["W8"] = Workload(
+    id="W8",
+    description=(
+        "Long-horizon agents: N=64, 6-24 turns each, 3k-token shared prompt, 1k-token task, "
+        "300-3,000-token tool results, long-tailed tools, contexts outgrow the KV cache"
+    ),
+    # Tens of agents (a repository's 50 issues, a few dozen files to fix): at their
+    # final sizes (~20k own tokens each on average) 64 contexts need ~2.8x the KV
+    # cache, while any ~20 of them fit together.
+    n=64,
+    turns=24,
+    # Model calls per agent: SWE-bench ~11, BFCL ~6 (Continuum), coding agents a
+    # median of 43 (AgentX): 6-24 brackets the first two and reaches toward the third.
+    turns_range=(6, 24),
+    # A coding agent's system prompt and tool schemas: a few thousand tokens, shared.
+    system_tokens=3000,
+    # An issue description.
+    task_tokens=1000,
+    final_tokens=200,
+    # A line of reasoning before each tool call.
+    think_tokens=(20, 200),
+    # 86% of an agent's next request within 1 s, 95% within 10 s (vllm-project/router
+    # #285): most tools under a second, one in ten up to 10 s, one in twenty 10-30 s.
+    tool_latency_mix=((0.86, 0.2, 1.0), (0.09, 1.0, 10.0), (0.05, 10.0, 30.0)),
+    # File reads, test logs, search results: 300-3,000 tokens, log-uniform (median ~950).
+    tool_result_tokens_range=(300, 3000),
+    # Every agent works on its own task, and its arguments change every turn.
+    distinct_keys=None,
+    tool_concurrency=64,
+    # The measured H100 + vLLM 0.26 + Llama-3-8B cache (463,312 tokens), serving a
+    # Llama-3.1-8B-sized model with its 128k context (the longest agents pass 32k).
+    kv_tokens=None,
+    max_model_len=131_072,
+    structured=False,
+    time_scale=4.0,
+    system_head=(
+        "You are a software engineering agent. Work on the task step by step: read files, "
+        "run tests and search with the web_search tool, one call per turn, then report. "
+        "Repository notes follow."
+    ),
+    task_head="Task {index}: fix the issue key={key}. Issue text:",
+    contenders=("naive", *LONG_HORIZON_BOUNDED, "langgraph-batch", "ideal"),
+)
+
+WORKLOADS["W9"] = Workload(
+    id="W9",
+    description=(
+        "Agents in a simulation loop: N=64 agents, 40 ticks, memories growing ~350 tokens a "
+        "tick (outgrowing the KV cache by tick ~18), a world update between ticks"
+    ),
+    # A tick-based multi-agent simulation (generative agents, a market, a game):
+    # every agent decides each tick from its own growing memory; all calls of a
+    # tick arrive together; the world updates between ticks.
+    n=64,
+    turns=1,
+    ticks=40,
+    # The world's rules, shared.
+    system_tokens=1500,
+    # Each agent's persona and goal.
+    task_tokens=500,
+    # An action: a short decision.
+    final_tokens=60,
+    # What the agent sees each tick.
+    observation_tokens=(200, 400),
+    # The world model's update (physics, other systems) between ticks.
+    world_latency_s=0.5,
+    tools=False,
+    structured=False,
+    distinct_keys=None,
+    kv_tokens=None,
+    time_scale=4.0,
+    system_head=(
+        "You are one agent in a simulated town. Each tick you read what you observe and "
+        "answer with your next action in one short sentence. World rules follow."
+    ),
+    task_head="Agent {index} (id key={key}): your persona and goals:",
+    contenders=("naive", *LONG_HORIZON_BOUNDED, "langgraph-batch", "ideal"),
+)
+
 SINGLE_TURN = frozenset({"W7"})
 """Workloads of one tool-free model call per item: answers are forced to
 `final_tokens` (`max_tokens` + `ignore_eos`) on every server."""
@@ -314,9 +427,19 @@ def task_rng(seed: int, index: int) -> random.Random:
     return random.Random(f"task:{seed}:{index}")
 
 
-def task_head(wl: Workload, index: int) -> str:
-    """The start of sibling `index`'s task, with its `key=` marker."""
-    return wl.task_head.format(index=index, key=wl.key(index))
+def task_head(wl: Workload, index: int, seed: int = 0) -> str:
+    """The start of sibling `index`'s task, with its `key=` marker.
+
+    Long-horizon agents add `turns=<n>` and `think=<lo>-<hi>`: the emulated
+    model makes that many calls and reasons before each tool call (a real
+    model decides both itself; a live server is told by the forced shapes).
+    """
+    markers = ""
+    if wl.turns_range is not None:
+        markers += f" turns={wl.turns_for(index, seed)}"
+    if wl.think_tokens is not None:
+        markers += f" think={wl.think_tokens[0]}-{wl.think_tokens[1]}"
+    return wl.task_head.format(index=index, key=wl.key(index) + markers)
 
 
 def system_prompt(wl: Workload, seed: int) -> str:
@@ -326,7 +449,14 @@ def system_prompt(wl: Workload, seed: int) -> str:
 
 def task_text(wl: Workload, index: int, seed: int) -> str:
     """Sibling `index`'s unique task (carries its `key=` marker), `wl.task_tokens` long."""
-    return sized(task_head(wl, index), wl.task_tokens, task_rng(seed, index))
+    return sized(task_head(wl, index, seed), wl.task_tokens, task_rng(seed, index))
+
+
+def observation(wl: Workload, seed: int, index: int, tick: int) -> str:
+    """What agent `index` observes at `tick` of a simulation (W9), sized in tokens."""
+    rng = random.Random(f"obs:{seed}:{index}:{tick}")
+    lo, hi = wl.observation_tokens
+    return sized(f"Tick {tick}. You observe:", rng.randint(lo, hi), rng)
 
 
 def emulator_settings(wl: Workload) -> dict[str, Any]:
@@ -336,7 +466,13 @@ def emulator_settings(wl: Workload) -> dict[str, Any]:
     `final_tokens` tokens (or JSON for the response schema). Set on the server,
     so no contender sends anything emulator-specific.
     """
-    return {"turns": wl.turns, "output_tokens": wl.final_tokens}
+    # Long-horizon siblings carry their own `turns=` marker; a conversation
+    # without one (the contenders' warm-up) makes one tool call, then answers.
+    turns = 1 if wl.simulation else 2 if wl.turns_range is not None else wl.turns
+    out: dict[str, Any] = {"turns": turns, "output_tokens": wl.final_tokens}
+    if wl.max_model_len is not None:
+        out["max_model_len"] = wl.max_model_len
+    return out
 
 
 def make_job(
@@ -350,6 +486,7 @@ def make_job(
     contender: str,
     prompts: tuple[str, list[str]] | None = None,
     live: dict[str, Any] | None = None,
+    time_scale: float = 1.0,
 ) -> dict[str, Any]:
     """The JSON job a contender process runs.
 
@@ -376,17 +513,44 @@ def make_job(
         "model": model,
         "system_prompt": system,
         "tasks": tasks,
-        "turns": wl.turns,
+        "turns": wl.turns if wl.turns_range is None else wl.turns_range[1],
         "max_tokens": max(256, wl.final_tokens + 56),
         "emulator_options": {},
         "tools": list(TOOL_SPECS) if wl.tools else [],
         "response_schema": None if live is not None else response_schema(wl),
         "forced_shapes": forced,
         "tool_keys": sorted({wl.key(i) for i in range(n)}) if wl.tools else [],
+        "turns_per_task": [wl.turns_for(i, seed) for i in range(n)],
         "answer_tokens": wl.final_tokens,
-        "max_concurrency": 32 if contender == "naive-bounded" else None,
+        "max_concurrency": bounded_concurrency(contender),
         "max_inflight": 32,
+        "seed": seed,
+        # Simulations (W9): the world loop, its update latency shrunk with the clock.
+        "simulation": {"ticks": wl.ticks, "world_latency_s": wl.world_latency_s / time_scale}
+        if wl.simulation
+        else None,
     }
+
+
+BOUNDED = "naive-bounded"
+BOUNDED_DEFAULT = 32
+"""`naive-bounded`'s `max_concurrency` (WORKLOADS.md); `naive-bounded-<k>` sets k (a sweep)."""
+
+
+def bounded_concurrency(contender: str) -> int | None:
+    """The run config's `max_concurrency` of a contender (None: unbounded).
+
+    Raises:
+        ValueError: a `naive-bounded-<k>` whose k is not a positive integer.
+    """
+    if contender == BOUNDED:
+        return BOUNDED_DEFAULT
+    if contender.startswith(BOUNDED + "-"):
+        raw = contender[len(BOUNDED) + 1 :]
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{contender!r}: naive-bounded-<k> needs a positive integer k")
+        return int(raw)
+    return None
 
 
 def tool_config(wl: Workload, time_scale: float, seed: int) -> ToolServiceConfig:
@@ -395,8 +559,12 @@ def tool_config(wl: Workload, time_scale: float, seed: int) -> ToolServiceConfig
     return ToolServiceConfig(
         latency_s=wl.tool_latency_s / time_scale,
         latency_range_s=None if rng is None else (rng[0] / time_scale, rng[1] / time_scale),
+        latency_mix=None
+        if wl.tool_latency_mix is None
+        else tuple((w, lo / time_scale, hi / time_scale) for w, lo, hi in wl.tool_latency_mix),
         concurrency=wl.tool_concurrency,
         result_words=wl.tool_result_words,
+        result_tokens_range=wl.tool_result_tokens_range,
         seed=seed,
     )
 

@@ -136,12 +136,13 @@ def build_agent(
     *,
     name: str = "agent",
     answer_llm: Any = None,
-    turns: int = 2,
+    turns: int | Sequence[int] = 2,
 ) -> Any:
     """Compile the sibling subgraph around a tool-bound chat model and a tool node.
 
     With `answer_llm` (forced shapes) the model calls after `turns - 1` tool
-    results use it; the others use `llm`.
+    results use it; the others use `llm`. `turns` is one count for every
+    sibling or one per sibling (long-horizon workloads).
     """
 
     async def model(state: AgentState) -> dict[str, Any]:
@@ -150,7 +151,8 @@ def build_agent(
         tool_results = sum(1 for m in messages if isinstance(m, ToolMessage))
         if not any(isinstance(m, AIMessage) for m in messages):
             RECORDER.event(index, "start")
-        answering = answer_llm is not None and tool_results >= turns - 1
+        own = turns if isinstance(turns, int) else turns[index]
+        answering = answer_llm is not None and tool_results >= own - 1
         RECORDER.event(index, "llm_start")
         msg = await (answer_llm if answering else llm).ainvoke(messages)
         RECORDER.event(index, "llm_end")

@@ -185,11 +185,15 @@ async def _stream_chat(
     text = plan.text
     call = plan.tool_calls[0] if plan.tool_calls else None
     name_end = args_start = args_end = 0
+    # Text before a tool call (an agent's reasoning) streams as content, as vLLM's
+    # tool parsers send what precedes `<tool_call>`.
+    content_end = len(plan.content or "") if call is not None else 0
     if call is not None:
         name_end = text.index(f'"name": "{call.name}"') + len(call.name) + 10
         args_start = text.index('"arguments": ', name_end) + len('"arguments": ')
         args_end = args_start + len(call.arguments)
     sent = 0
+    sent_text = 0
     name_sent = False
     args_sent = args_start
     cut_at = max(1, len(pieces) // 2) if opts.fault in ("drop", "truncate") else None
@@ -213,6 +217,11 @@ async def _stream_chat(
                     elif delta_text:
                         frames.append(enc.content(delta_text))
                 else:
+                    if sent_text < content_end:
+                        upto_text = min(pos, content_end)
+                        if upto_text > sent_text:
+                            frames.append(enc.content(text[sent_text:upto_text]))
+                            sent_text = upto_text
                     if not name_sent and pos >= name_end:
                         name_sent = True
                         first = {

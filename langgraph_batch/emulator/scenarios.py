@@ -7,10 +7,16 @@ identical siblings produce identical tool calls and answers.
 - `echo`: the last user message's words, repeated to the requested length.
 - `agent`: while tools are offered and the conversation holds fewer tool
   results than `turns - 1`, one tool call whose arguments satisfy the tool's
-  JSON schema (string values are the `key=<value>` marker of the last user
-  message, else a short hash of it; an enum that lists that key picks it);
-  otherwise a final answer of `output_tokens` tokens, or JSON valid for
-  `response_format`'s schema.
+  JSON schema; otherwise a final answer of `output_tokens` tokens, or JSON
+  valid for `response_format`'s schema. String arguments are the `key=<value>`
+  marker of the last user message (else a short hash of it) on the first call,
+  and `<key>.<n>` on the n-th later one: a real agent rarely repeats a call,
+  so only siblings at the same step of the same task ask the same question
+  (an enum that lists the value picks it). Markers in the last user message
+  shape one conversation (a long-horizon agent): `turns=<n>` overrides the
+  server's `turns`; `think=<lo>-<hi>` puts a line of assistant text of
+  lo..hi tokens (drawn per turn, seeded by the conversation) before each tool
+  call, as agents reason before they act.
 
 Lengths follow vLLM's sampling parameters (`fit_length`): `max_tokens` cuts
 (finish reason `length`); `ignore_eos` makes the output exactly `max_tokens`
@@ -37,6 +43,7 @@ __all__ = (
     "Plan",
     "ScenarioOptions",
     "ToolCallPlan",
+    "call_key",
     "fit_length",
     "plan_chat",
     "plan_text",
@@ -53,6 +60,8 @@ _WORDS_TEXT = (
 _WORDS = tuple(_WORDS_TEXT.split())
 _KEY_RE = re.compile(r"\bkey=([^\s,;]+)")
 _TOOL_RE = re.compile(r"\btool=([A-Za-z0-9_.\-]+)")
+_TURNS_RE = re.compile(r"\bturns=(\d{1,4})\b")
+_THINK_RE = re.compile(r"\bthink=(\d{1,5})(?:-(\d{1,5}))?\b")
 
 
 @dataclass(**_DC_KWARGS)
@@ -285,6 +294,28 @@ def _schema_of(response_format: Any) -> Mapping[str, Any] | None:
     return None
 
 
+def _turns_of(user: str, default: int) -> int:
+    """The conversation's own `turns=<n>` marker, else the server's setting."""
+    m = _TURNS_RE.search(user)
+    return max(1, int(m.group(1))) if m else default
+
+
+def _think_text(user: str, rng: random.Random) -> str:
+    """The assistant text before a tool call (`think=<lo>-<hi>` tokens), '' without the marker."""
+    m = _THINK_RE.search(user)
+    if m is None:
+        return ""
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) else lo
+    n = rng.randint(min(lo, hi), max(lo, hi))
+    return words_text(n, rng, lead="Next:") if n > 0 else ""
+
+
+def call_key(key: str, calls_before: int) -> str:
+    """The argument value of a conversation's tool call after `calls_before` earlier ones."""
+    return key if calls_before == 0 else f"{key}.{calls_before}"
+
+
 def plan_chat(
     messages: Sequence[Mapping[str, Any]],
     *,
@@ -302,20 +333,26 @@ def plan_chat(
         tools = []
     n_tool_results = sum(1 for m in messages if m.get("role") == "tool")
     forced = tool_choice == "required" or isinstance(tool_choice, Mapping)
-    if tools and (forced or (options.scenario == "agent" and n_tool_results < options.turns - 1)):
+    turns = _turns_of(user, options.turns)
+    if tools and (forced or (options.scenario == "agent" and n_tool_results < turns - 1)):
         tool = _choose_tool(tools, tool_choice, user)
         if tool is not None:
             params = tool.get("parameters") or {"type": "object", "properties": {}}
-            args = value_for_schema(params, key=key, rng=rng)
+            args = value_for_schema(params, key=call_key(key, n_tool_results), rng=rng)
             arguments = json.dumps(args if isinstance(args, dict) else {})
             name = str(tool.get("name", ""))
             call = ToolCallPlan(
                 id=f"chatcmpl-tool-{uuid.uuid4().hex}", name=name, arguments=arguments
             )
+            think = _think_text(user, rng) if options.scenario == "agent" else ""
+            # The chat template renders an assistant turn as its content, a newline,
+            # then the call: generate the same text so the next turn's prompt reuses it.
             text = render_tool_call(name, arguments)
+            if think:
+                text = f"{think}\n{text}"
             return Plan(
                 text=text,
-                content=None,
+                content=think or None,
                 tool_calls=(call,),
                 finish_reason="tool_calls",
                 pieces=tuple(split_pieces(text)),

@@ -101,6 +101,46 @@ async def test_openai_streaming_tool_call(client: openai.AsyncOpenAI) -> None:
     assert json.loads(args)["query"] == "zz"
 
 
+async def test_long_horizon_agent_reasons_varies_its_calls_and_reuses_its_context(
+    client: openai.AsyncOpenAI,
+) -> None:
+    """`turns=` and `think=` markers: text before every call, new arguments each turn, the
+    next turn's prompt a cache hit past the previous answer; streamed the same."""
+    messages: list[dict[str, object]] = [
+        {"role": "user", "content": "fix key=k9 turns=4 think=10-30 now"}
+    ]
+    seen: list[str] = []
+    prompt = output = 0
+    for turn in range(4):
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=[LOOKUP])
+        if turn:
+            cached = reply.usage.prompt_tokens_details.cached_tokens
+            assert cached >= (prompt + output) // 16 * 16 - 16
+        prompt, output = reply.usage.prompt_tokens, reply.usage.completion_tokens
+        choice = reply.choices[0]
+        if turn == 3:
+            assert choice.finish_reason == "stop"
+            break
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content and choice.message.content.startswith("Next:")
+        call = choice.message.tool_calls[0]
+        seen.append(json.loads(call.function.arguments)["query"])
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=messages, tools=[LOOKUP], stream=True
+        )
+        text = args = ""
+        async for chunk in stream:
+            for ch in chunk.choices:
+                text += ch.delta.content or ""
+                for tc in ch.delta.tool_calls or []:
+                    args += (tc.function.arguments or "") if tc.function else ""
+        assert text == choice.message.content
+        assert json.loads(args) == json.loads(call.function.arguments)
+        messages.append(choice.message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": f"result {turn}"})
+    assert seen == ["k9", "k9.1", "k9.2"]
+
+
 async def test_openai_json_schema(client: openai.AsyncOpenAI) -> None:
     schema = {
         "type": "object",
