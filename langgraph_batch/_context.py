@@ -61,6 +61,8 @@ class SiblingInfo:
     shared_tokens: int = 0
     """Prompt tokens of the sibling's first call that the server already had
     cached: the prefix it shares with its siblings (KV held once, not per sibling)."""
+    tool_name: str | None = None
+    """The tool this sibling runs now, or ran last (its latencies are learned per tool)."""
     admission: Admission | None = None
     run_id: str | None = None
     """Unique to one fan_out invocation (a resumed run gets a new one): what coalesced
@@ -89,11 +91,17 @@ class SiblingInfo:
         """True while any tool call of this sibling runs."""
         return self.tools_active > 0
 
-    async def tool_enter(self) -> None:
-        """Mark the sibling as inside a tool; release its active place on the first one."""
+    async def tool_enter(self, name: str | None = None) -> None:
+        """Mark the sibling as inside a tool; release its active place on the first one.
+
+        Args:
+            name: the tool's name (its latencies are learned per tool).
+        """
         self.tools_active += 1
-        if self.tools_active == 1 and self.admission is not None:
-            self.admission.release(self)
+        if self.tools_active == 1:
+            self.tool_name = name
+            if self.admission is not None:
+                self.admission.release(self)
 
     async def tool_exit(self) -> None:
         """Leave a tool; on the last one, wait to become active again (preferred)."""

@@ -1,49 +1,54 @@
-"""The admission gate of one fan_out run: at most `max_active` siblings ACTIVE at once.
+"""The admission gate of one fan_out run: which siblings run, and whose context the server keeps.
 
-A sibling is ACTIVE while it runs model nodes; it holds no place while it
-waits for the gate or runs a tool. Two FIFO waiter queues: siblings coming
-back from a tool (their KV prefix is still cached on the server) are let in
-before fresh siblings, so cached prefixes get reused instead of evicted by
-newcomers.
+Two things are admitted here. An ACTIVE place (a sibling running model
+nodes; at most `max_active` when given): a sibling gives it up while it runs
+a tool (`release`) and asks for it again when it comes back (`acquire(...,
+returning=True)`), before any fresh sibling. And a KV booking, which is
+program-level admission: a sibling's context stays cached on the server for
+its whole life, tool waits included, only if nothing else needs the room.
+So every RESIDENT sibling (started, not finished) that is BOOKED counts, in
+the server's `KVLedger` (shared with every run on that scheduler), the KV it
+will hold during its next model call: its context now plus what one more
+turn adds (`ContextForecast.booking`, learned from the run). Then:
 
-KV working-set control (optional): a sibling inside a tool gives up its
-ACTIVE place, but its context stays cached on the server. So the gate also
-tracks the RESIDENT siblings (started and not finished, active or in a tool)
-and books their estimated KV tokens in the server's `KVLedger`, which the
-scheduler owns and every fan_out run on that scheduler shares. A FRESH sibling
-is admitted only while everything resident on the server, plus the
-newcomer's estimate, fits `capacity * kv_headroom`. A sibling counts
-`max(its context_tokens, the estimate)`, both in tokens of its OWN context
-(the prefix siblings share is cached once on the server and is not counted
-per sibling); the estimate is learned from finished siblings (the p90 of
-their final context sizes; before any finished, `sibling_tokens` less the
-shared prefix once a first call has shown it). Returning siblings are never
-held back by the budget (their cached KV is what we want reused), only by
-`max_active`. A finished sibling leaves the resident set (`finish`), which
-frees budget, and the ledger wakes the gates waiting for it (other runs'
-first). When nothing is resident on the server a fresh sibling is always
-admitted, however large its estimate, so the gates cannot deadlock. Without
-an explicit `max_active`, the cap is `capacity // max(estimate,
-sibling_tokens)` (at least 1), recomputed as the estimate moves: it can
-shrink below the starting cap, never exceed it; that derived cap counts the
-active siblings of every run on the ledger (an explicit `max_active` is this
-run's own).
+- A fresh sibling is admitted only while everything booked on the server
+  plus its first-call estimate fits `capacity * kv_headroom` (always when
+  nothing is booked, so the gate cannot deadlock).
+- Contexts grow. When the booked tokens outgrow the budget, the gate pauses
+  siblings that hold no place (they are inside a tool, or waiting to come
+  back): their booking is given up, so their KV is what the engine evicts
+  first. Long waits go first (a wait that outlasted 90% of its tool's calls:
+  its KV would sit idle longest; Continuum's TTL, learned per tool), then
+  the most recently admitted (the least progress, the smallest context to
+  prefill again). Measured on W8 (64 agents of 6-24 turns whose contexts
+  reach ~2.8x the cache): pausing keeps the prefill the server computes
+  within ~1.15x the minimum where booking without pausing admits siblings
+  whose growth later evicts the others' contexts (1.3x-4x, depending on how
+  many decode at once).
+- A paused sibling coming back from its tool RESUMES only when its booking
+  fits again, ahead of fresh siblings; a returning sibling that kept its
+  booking is never held back by the budget (its KV is what we want reused),
+  only by `max_active`.
 
-The gate implements `langgraph_batch._context.Admission`; the tool hooks
-reach it through `SiblingInfo.tool_enter()` / `tool_exit()`.
+The order in which admitted siblings' requests reach the engine is the
+scheduler's (`BatchPolicy.priority`, depth-first by default); the engine's
+concurrency is its decode cap. The gate implements
+`langgraph_batch._context.Admission`; the tool hooks reach it through
+`SiblingInfo.tool_enter()` / `tool_exit()`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import contextlib
 import logging
-import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch.nodes._forecast import ContextForecast
 from langgraph_batch.scheduler._capacity import KVLedger
 from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
 
@@ -52,10 +57,9 @@ __all__ = ("DEFAULT_KV_HEADROOM", "AdmissionStats", "SiblingAdmission")
 logger = logging.getLogger(__name__)
 
 DEFAULT_KV_HEADROOM = 0.85
-"""Share of the server's KV capacity the resident siblings may fill."""
+"""Share of the server's KV capacity the booked siblings may fill."""
 
 _DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
-_ESTIMATE_QUANTILE = 0.9
 
 _Waiter = tuple[str, "asyncio.Future[None]", SiblingInfo]
 
@@ -65,43 +69,46 @@ class AdmissionStats:
     """A snapshot of the gate."""
 
     max_active: int | None
-    """The cap; None means unlimited."""
+    """The cap on active siblings; None means unlimited."""
     active: int
     """Siblings holding a place now."""
     waiting_fresh: int
-    """Siblings that have not started yet, waiting for a place."""
+    """Siblings that have not started yet, waiting for a place or for KV room."""
     waiting_returning: int
-    """Siblings back from a tool, waiting for a place."""
+    """Siblings back from a tool, waiting for a place (or, paused, for KV room)."""
     peak_active: int
     """The most siblings that held a place at the same time."""
     resident: int = 0
-    """Siblings started and not finished (active, waiting to return, or in a tool)."""
+    """Siblings started and not finished (active, in a tool, or waiting to come back)."""
     resident_tokens: int = 0
-    """Their estimated KV tokens (each `max(context_tokens, estimate)`)."""
+    """KV tokens booked by this run's siblings (each: its context plus one turn's growth)."""
     kv_budget: int | None = None
-    """The token budget for resident siblings; None: no budget."""
+    """The token budget for booked siblings on the server; None: no budget."""
     server_resident_tokens: int = 0
-    """Estimated KV tokens resident on the server over every run sharing its ledger
-    (this one included; equal to `resident_tokens` without a ledger or when alone)."""
+    """KV tokens booked on the server over every run sharing its ledger (this one
+    included; equal to `resident_tokens` without a ledger or when alone)."""
     sibling_estimate: int = 0
-    """The current estimate of one sibling's context tokens."""
+    """What a fresh sibling is expected to hold during its first call (tokens)."""
+    paused: int = 0
+    """Resident siblings whose booking was given up (their KV may be evicted)."""
+    pauses: int = 0
+    """Bookings given up so far in this run."""
 
 
 class SiblingAdmission:
-    """A gate on ACTIVE siblings with two waiter queues (returning before fresh).
+    """Active places (returning before fresh) and KV bookings for one fan_out run.
 
     Args:
-        max_active: how many siblings may hold a place at once; None for no
-            explicit cap (then `kv_capacity // estimate` when the capacity is
-            known, else unlimited).
+        max_active: how many siblings may hold a place at once; None for no cap.
         kv_capacity: the server's KV cache size in tokens, for a gate that
-            budgets alone (a private ledger); None disables the resident-token
-            budget unless `kv_ledger` is given.
+            budgets alone (a private ledger); None disables the KV budget
+            unless `kv_ledger` is given.
         kv_ledger: the server's shared ledger (`Scheduler.kv_ledger()`): the
             budget is then shared with every other run booking it.
-        kv_headroom: share of the capacity the resident siblings may fill.
-        sibling_tokens: the context estimate of one sibling before any has
-            finished.
+        kv_headroom: share of the capacity the booked siblings may fill.
+        sibling_tokens: the prior for one sibling's first-call context (its
+            prompt and answer), until the run has shown real ones.
+        clock: seconds, for tool waits (default: `time.monotonic`).
 
     Raises:
         ValueError: for a `max_active`, `kv_capacity` or `sibling_tokens` that
@@ -110,7 +117,7 @@ class SiblingAdmission:
 
     Example:
         ```python
-        gate = SiblingAdmission(max_active=8, kv_capacity=440_000)
+        gate = SiblingAdmission(kv_capacity=440_000)
         await gate.acquire(info, returning=False)
         try:
             ...  # run the sibling's model nodes (tools release/re-acquire)
@@ -127,6 +134,7 @@ class SiblingAdmission:
         kv_ledger: KVLedger | None = None,
         kv_headroom: float = DEFAULT_KV_HEADROOM,
         sibling_tokens: int = _DEFAULT_SIBLING_TOKENS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_active is not None and (isinstance(max_active, bool) or max_active < 1):
             raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
@@ -139,18 +147,24 @@ class SiblingAdmission:
         if kv_ledger is None and kv_capacity is not None:
             kv_ledger = KVLedger(kv_capacity)
         self._sizing = False
-        self._fixed_max = max_active
+        self._max_active = max_active
         self._headroom = kv_headroom
         self._ledger: KVLedger | None = kv_ledger
-        self._base_estimate = sibling_tokens
-        self._observed: list[int] = []
-        self._estimate = sibling_tokens
-        self._max_active = self._derive_max_active()
+        self._clock = clock
+        self.forecast = ContextForecast(sibling_tokens=sibling_tokens)
+        """What the run has taught about its siblings' contexts and tool waits."""
         self._holders: set[str] = set()
-        self._resident: dict[str, SiblingInfo] = {}
+        self._booked: dict[str, SiblingInfo] = {}
+        self._paused: dict[str, SiblingInfo] = {}
+        self._admitted: dict[str, int] = {}
+        self._seq = 0
+        self._waits: dict[str, float] = {}
+        """When each sibling without a place entered its tool (the gate's clock)."""
         self._fresh: collections.deque[_Waiter] = collections.deque()
         self._returning: collections.deque[_Waiter] = collections.deque()
+        self._resuming: collections.deque[_Waiter] = collections.deque()
         self._peak = 0
+        self._pauses = 0
         self.first_resident = asyncio.Event()
         """Set when the first sibling becomes resident (the run has started work)."""
         if kv_ledger is not None:
@@ -158,7 +172,7 @@ class SiblingAdmission:
 
     @property
     def max_active(self) -> int | None:
-        """The cap on active siblings now (None: unlimited)."""
+        """The cap on active siblings (None: unlimited)."""
         return self._max_active
 
     @property
@@ -168,20 +182,12 @@ class SiblingAdmission:
 
     @property
     def sibling_estimate(self) -> int:
-        """The current estimate of one sibling's own context tokens.
-
-        Learned from finished siblings; before any has finished,
-        `sibling_tokens` less the prefix the siblings share (once a call has
-        shown it), since the server holds that shared KV only once.
-        """
-        if self._observed:
-            return self._estimate
-        shared = max((s.shared_tokens for s in self._resident.values()), default=0)
-        return max(1, self._base_estimate - shared)
+        """What a fresh sibling is expected to hold during its first call (tokens)."""
+        return self.forecast.fresh_booking()
 
     @property
     def kv_budget(self) -> int | None:
-        """The token budget for resident siblings, on the whole server (None: no budget)."""
+        """The token budget for booked siblings, on the whole server (None: no budget)."""
         return None if self._ledger is None else self._ledger.budget(self._headroom)
 
     @property
@@ -189,27 +195,28 @@ class SiblingAdmission:
         """The ledger this gate books (None: no KV budget)."""
         return self._ledger
 
+    @property
+    def sizing(self) -> bool:
+        """Whether the gate still waits for the server's capacity."""
+        return self._sizing
+
     def holds(self, sibling: SiblingInfo) -> bool:
         """Whether `sibling` holds a place now."""
         return sibling.sibling_id in self._holders
 
     def is_resident(self, sibling: SiblingInfo) -> bool:
         """Whether `sibling` started and has not finished."""
-        return sibling.sibling_id in self._resident
+        sid = sibling.sibling_id
+        return sid in self._booked or sid in self._paused
+
+    def is_paused(self, sibling: SiblingInfo) -> bool:
+        """Whether `sibling`'s booking was given up (it resumes when room is back)."""
+        return sibling.sibling_id in self._paused
 
     def resident_tokens(self) -> int:
-        """Estimated KV tokens of the resident siblings."""
-        est = self.sibling_estimate
-        return sum(max(s.context_tokens, est) for s in self._resident.values())
-
-    def observe(self, context_tokens: int) -> None:
-        """Learn from one finished sibling's final context size (0 or less is ignored)."""
-        if context_tokens <= 0:
-            return
-        bisect.insort(self._observed, context_tokens)
-        rank = max(0, math.ceil(_ESTIMATE_QUANTILE * len(self._observed)) - 1)
-        self._estimate = max(1, self._observed[rank])
-        self._max_active = self._derive_max_active()
+        """KV tokens booked by this run's siblings."""
+        booking = self.forecast.booking
+        return sum(booking(s.context_tokens) for s in self._booked.values())
 
     def stats(self) -> AdmissionStats:
         """A snapshot of the gate's counters."""
@@ -218,14 +225,20 @@ class SiblingAdmission:
             max_active=self._max_active,
             active=len(self._holders),
             waiting_fresh=sum(1 for _, f, _s in self._fresh if not f.done()),
-            waiting_returning=sum(1 for _, f, _s in self._returning if not f.done()),
+            waiting_returning=sum(
+                1 for q in (self._returning, self._resuming) for _, f, _s in q if not f.done()
+            ),
             peak_active=self._peak,
-            resident=len(self._resident),
+            resident=len(self._booked) + len(self._paused),
             resident_tokens=own,
             kv_budget=self.kv_budget,
             sibling_estimate=self.sibling_estimate,
             server_resident_tokens=own if self._ledger is None else self._ledger.resident_tokens(),
+            paused=len(self._paused),
+            pauses=self._pauses,
         )
+
+    # -- the server's capacity -------------------------------------------------
 
     def start_sizing(self) -> None:
         """Admit fresh siblings one at a time until `set_kv_ledger` is called.
@@ -242,15 +255,11 @@ class SiblingAdmission:
         """
         self._sizing = False
         if kv_ledger is not None:
-            self._book(kv_ledger)
-            self._max_active = self._derive_max_active()
+            if self._ledger is not None and self._ledger is not kv_ledger:
+                self._ledger.leave(self)
+            self._ledger = kv_ledger
+            kv_ledger.join(self)
         self._wake()
-
-    def _book(self, ledger: KVLedger) -> None:
-        if self._ledger is not None and self._ledger is not ledger:
-            self._ledger.leave(self)
-        self._ledger = ledger
-        ledger.join(self)
 
     def close(self) -> None:
         """The run is over: stop booking the ledger (its residents stop counting)."""
@@ -261,69 +270,67 @@ class SiblingAdmission:
         """Re-check the waiters: the ledger calls it when room was freed elsewhere."""
         self._wake()
 
-    @property
-    def sizing(self) -> bool:
-        """Whether the gate still waits for the server's capacity."""
-        return self._sizing
-
-    def _derive_max_active(self) -> int | None:
-        if self._fixed_max is not None:
-            return self._fixed_max
-        if self._ledger is None:
-            return None
-        # `sibling_tokens` is a floor here: a learned estimate may lower the
-        # cap (contexts grew larger than assumed) but never raise it above the
-        # one announced when the run started; the token budget already lets
-        # more small siblings be resident, up to that cap.
-        return max(1, self._ledger.capacity // max(self._estimate, self._base_estimate))
+    # -- places and bookings ------------------------------------------------------
 
     def _has_room(self) -> bool:
-        if self._max_active is None:
-            return True
-        if self._fixed_max is None and self._ledger is not None:
-            # A cap derived from the server's capacity bounds every run on it.
-            return self._ledger.active() < self._max_active
-        return len(self._holders) < self._max_active
+        return self._max_active is None or len(self._holders) < self._max_active
 
-    def _fits_fresh(self) -> bool:
-        """Whether one more fresh sibling fits the server's resident-token budget."""
-        if self._sizing and self._resident:
-            return False  # unsized: one sibling at a time until the capacity is known
+    def _fits(self, tokens: int) -> bool:
+        """Whether `tokens` more fit the server's budget beside everything booked."""
         if self._ledger is None:
             return True
-        return self._ledger.fits(self.sibling_estimate, headroom=self._headroom)
+        return self._ledger.fits(tokens, headroom=self._headroom)
 
-    def _grant(self, sibling_id: str, sibling: SiblingInfo | None) -> None:
-        self._holders.add(sibling_id)
-        if sibling is not None:
-            self._resident[sibling_id] = sibling
+    def _fits_fresh(self) -> bool:
+        if self._sizing and (self._booked or self._paused):
+            return False  # unsized: one sibling at a time until the capacity is known
+        return self._fits(self.forecast.fresh_booking())
+
+    def _fits_resuming(self, sibling: SiblingInfo) -> bool:
+        return self._fits(self.forecast.booking(sibling.context_tokens))
+
+    def _grant(self, sid: str, sibling: SiblingInfo) -> None:
+        self._holders.add(sid)
+        if sid in self._paused:
+            self._booked[sid] = self._paused.pop(sid)
+        elif sid not in self._booked:
+            self._booked[sid] = sibling
+            self._admitted[sid] = self._seq
+            self._seq += 1
             self.first_resident.set()
         self._peak = max(self._peak, len(self._holders))
 
     async def acquire(self, sibling: SiblingInfo, *, returning: bool) -> None:
-        """Wait for an active place.
+        """Wait for an active place (and, for a fresh or paused sibling, KV room).
 
-        Returning siblings overtake fresh ones; within each queue it is first
-        come, first served. A fresh sibling also waits for room in the
-        resident-token budget. Cancelling the wait withdraws it (a place
-        granted at the same moment is passed on to the next waiter).
+        Returning siblings overtake resuming (paused) ones, which overtake fresh
+        ones; within each queue it is first come, first served. Cancelling the
+        wait withdraws it (a place granted at the same moment is passed on).
 
         Args:
             sibling: the sibling asking.
-            returning: True when it comes back from a tool (preferred).
+            returning: True when it comes back from a tool.
         """
         sid = sibling.sibling_id
         if sid in self._holders:
             return
-        fresh = not returning and sid not in self._resident
-        # A fresh sibling also queues behind returning ones, so that a free
-        # place always goes to whoever comes back from a tool first.
-        blocked = bool(self._returning) or (not returning and bool(self._fresh))
-        if self._has_room() and not blocked and (not fresh or self._fits_fresh()):
+        if returning:
+            self._observe_wait(sibling)
+        paused = sid in self._paused
+        fresh = not returning and not paused and sid not in self._booked
+        ahead: tuple[collections.deque[_Waiter], ...]
+        if fresh:
+            queue, ahead = self._fresh, (self._returning, self._resuming, self._fresh)
+        elif paused:
+            queue, ahead = self._resuming, (self._returning, self._resuming)
+        else:
+            queue, ahead = self._returning, (self._returning,)
+        blocked = any(ahead)
+        fits = self._fits_fresh() if fresh else self._fits_resuming(sibling) if paused else True
+        if self._has_room() and not blocked and fits:
             self._grant(sid, sibling)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue = self._returning if returning else self._fresh
         entry: _Waiter = (sid, fut, sibling)
         queue.append(entry)
         try:
@@ -344,33 +351,82 @@ class SiblingAdmission:
     def release(self, sibling: SiblingInfo) -> None:
         """Give `sibling`'s place back (no-op if it holds none) and admit the next waiter.
 
-        The sibling stays resident (its KV is still cached): call `finish`
-        when it is done for good.
+        The sibling stays resident (its KV is still cached, booked): call
+        `finish` when it is done for good. Its context just grew (a model call
+        completed): the gate learns from it and, when the server's budget is
+        exceeded, pauses siblings that hold no place.
         """
         sid = sibling.sibling_id
         if sid not in self._holders:
             return
         self._holders.discard(sid)
-        if self._ledger is not None:
-            self._ledger.freed(self)  # other runs' gates first, then this one
-        else:
-            self._wake()
+        self._waits[sid] = self._clock()
+        self.forecast.observe_context(sid, sibling.context_tokens, shared=sibling.shared_tokens)
+        self._shed()
+        self._freed()
 
     def finish(self, sibling: SiblingInfo) -> None:
-        """`sibling` is done (finished or failed): free its place and its resident tokens.
-
-        Its final context size teaches the estimate.
-        """
+        """`sibling` is done (finished or failed): free its place and its booking."""
         sid = sibling.sibling_id
         self._holders.discard(sid)
-        if self._resident.pop(sid, None) is not None:
-            self.observe(sibling.context_tokens)
+        if self._booked.pop(sid, None) is not None or self._paused.pop(sid, None) is not None:
+            self.forecast.observe_context(sid, sibling.context_tokens, shared=sibling.shared_tokens)
+        self.forecast.forget(sid)
+        self._admitted.pop(sid, None)
+        self._waits.pop(sid, None)
         # A sibling finished before the capacity was known: stop waiting for it.
         self._sizing = False
+        self._freed()
+
+    def _freed(self) -> None:
         if self._ledger is not None:
             self._ledger.freed(self)  # other runs' gates first, then this one
         else:
             self._wake()
+
+    def _observe_wait(self, sibling: SiblingInfo) -> None:
+        started = self._waits.pop(sibling.sibling_id, None)
+        if started is not None:
+            self.forecast.observe_tool(sibling.tool_name or "", self._clock() - started)
+
+    def _shed(self) -> None:
+        """Pause siblings without a place while the server's booked tokens exceed its budget."""
+        ledger = self._ledger
+        if ledger is None:
+            return
+        over = ledger.resident_tokens() - ledger.budget(self._headroom)
+        if over <= 0:
+            return
+        now = self._clock()
+        forecast = self.forecast
+        waits = self._waits
+
+        def order(s: SiblingInfo) -> tuple[int, float]:
+            # Long waits first, the longest first (their KV would idle longest);
+            # then the latest admitted (least progress, least to prefill again).
+            elapsed = now - waits.get(s.sibling_id, now)
+            if forecast.long_wait(s.tool_name, elapsed):
+                return (0, -elapsed)
+            return (1, -self._admitted.get(s.sibling_id, 0))
+
+        idle = sorted((s for sid, s in self._booked.items() if sid not in self._holders), key=order)
+        for s in idle:
+            if over <= 0:
+                break
+            sid = s.sibling_id
+            over -= forecast.booking(s.context_tokens)
+            self._paused[sid] = self._booked.pop(sid)
+            self._pauses += 1
+            self._move_to_resuming(sid)
+            logger.debug("fan_out: sibling %s paused (its KV booking given up)", sid)
+
+    def _move_to_resuming(self, sid: str) -> None:
+        """A sibling paused while it waits to come back now waits for room, not just a place."""
+        for entry in self._returning:
+            if entry[0] == sid:
+                self._returning.remove(entry)
+                self._resuming.append(entry)
+                return
 
     def _wake(self) -> None:
         while self._has_room():
@@ -386,13 +442,14 @@ class SiblingAdmission:
             entry = self._returning.popleft()
             if not entry[1].done():
                 return entry
-        while self._fresh:
-            entry = self._fresh[0]
-            if entry[1].done():
-                self._fresh.popleft()
-                continue
-            if not self._fits_fresh():
-                return None
-            self._fresh.popleft()
-            return entry
+        for queue, fits in ((self._resuming, self._fits_resuming), (self._fresh, None)):
+            while queue:
+                entry = queue[0]
+                if entry[1].done():
+                    queue.popleft()
+                    continue
+                if not (self._fits_fresh() if fits is None else fits(entry[2])):
+                    return None  # first come, first served: nothing behind it overtakes
+                queue.popleft()
+                return entry
         return None

@@ -444,20 +444,24 @@ def fan_out(
             place) or `"raise"` (`SiblingFailedError` once every sibling has
             finished, with all errors attached). A failed sibling counts as
             finished: resuming the thread does not run it again.
-        max_active: most siblings ACTIVE (not waiting, not in a tool) at once.
-            Default: the server's KV capacity (`Scheduler.kv_capacity()`,
-            from its metrics) divided by the estimated sibling context
-            (`sibling_tokens`, then learned from finished siblings), or no
-            cap when the capacity is unknown. With a known capacity, fresh
-            siblings are also admitted only while the resident siblings'
-            (active or in a tool, whose KV stays cached) estimated tokens fit
-            `kv_capacity * kv_headroom`; siblings back from a tool are not
-            held back by that budget.
+        max_active: most siblings ACTIVE (not waiting, not in a tool) at once
+            (default: no cap; the scheduler's decode cap bounds what runs on
+            the engine). With a known KV capacity (`Scheduler.kv_capacity()`,
+            from the server's metrics) the run admits whole siblings by KV:
+            every started sibling books its context plus one turn's growth
+            (learned from the run), tool waits included, and a fresh one
+            starts only while that fits `kv_capacity * kv_headroom` beside
+            everything booked on the server. When contexts outgrow it, the
+            siblings waiting on tools give up their bookings (long waits
+            first, then the latest started) and resume, before fresh ones,
+            when room is back. Siblings back from a tool with their booking
+            are never held back by the budget.
         scheduler: the `Scheduler` (or its registry name) the siblings' models
             use: the source of KV capacity and of the stats in progress events.
         name: the node's name (default `fan_out[<subgraph name>]`).
-        sibling_tokens: estimated KV tokens of one sibling's context, used
-            until finished siblings teach the gate a measured one.
+        sibling_tokens: estimated KV tokens of one sibling's first call (its
+            prompt and answer), used until the run's first calls teach the
+            gate a measured one.
         kv_headroom: share of the KV capacity the resident siblings may fill.
         executor: run the siblings elsewhere (None: in this process), e.g.
             `langgraph_batch.distributed.RedisExecutor` on `langgraph-batch

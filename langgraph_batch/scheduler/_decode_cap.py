@@ -74,7 +74,7 @@ import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-__all__ = ("DecodeCap", "RunDemand")
+__all__ = ("LONG_HORIZON_TURNS", "DecodeCap", "RunDemand")
 
 _STEP = math.sqrt(2.0)
 _LOG_STEP = math.log(_STEP)
@@ -503,14 +503,21 @@ class DecodeCap:
             self._move(k + 1)
 
 
+LONG_HORIZON_TURNS = 4
+"""A run whose requests reach this many completed calls per sibling is long-horizon: its
+siblings do not finish in a wave (each has turns left), so the cap is not rounded for it."""
+
+
 class _Run:
     """A fan_out run with agent requests queued or running."""
 
-    __slots__ = ("left", "live")
+    __slots__ = ("deepest", "left", "live")
 
     def __init__(self, left: Callable[[], int]) -> None:
         self.live = 0
         self.left = left
+        self.deepest = 0
+        """The most calls a sibling of the run had completed when it queued a request."""
 
 
 class RunDemand:
@@ -536,8 +543,11 @@ class RunDemand:
         self._runs: dict[Hashable, _Run] = {}
         self._solo = 0
 
-    def add(self, run: Hashable | None, left: Callable[[], int] | None) -> None:
-        """A request of `run` was queued (its counter: `left`; None, None: of no run)."""
+    def add(self, run: Hashable | None, left: Callable[[], int] | None, turn: int = 0) -> None:
+        """A request of `run` was queued (its counter: `left`; None, None: of no run).
+
+        `turn`: the calls its sibling had completed (a deep one marks a long-horizon run).
+        """
         if run is None or left is None:
             self._solo += 1
             return
@@ -545,6 +555,8 @@ class RunDemand:
         if r is None:
             r = self._runs[run] = _Run(left)
         r.live += 1
+        if turn > r.deepest:
+            r.deepest = turn
 
     def remove(self, run: Hashable | None, left: Callable[[], int] | None) -> None:
         """A request of `run` finished or was withdrawn (the same arguments as `add`)."""
@@ -562,12 +574,19 @@ class RunDemand:
         """Siblings the runs in progress have left (None: unknown, or no run in progress).
 
         A run counts at least its requests queued or running (a sibling may
-        have several).
+        have several). A long-horizon run (`LONG_HORIZON_TURNS`) makes it
+        unknown: its siblings finish one by one, many turns apart, never in
+        one last wave, so rounding the cap up to all of them would only put
+        more sequences into every decode step (measured on W8's agents of 6-24
+        turns: rounded up to ~32 at ~30 left, decode slowed ~2x per token and
+        the run took 1.25x longer than at the learned 16).
         """
         if self._solo or not self._runs:
             return None
         total = 0
         for r in self._runs.values():
+            if r.deepest >= LONG_HORIZON_TURNS:
+                return None
             left = r.left()
             total += left if left > r.live else r.live
         return total

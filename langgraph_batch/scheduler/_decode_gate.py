@@ -64,7 +64,7 @@ class DecodeGate:
     def track(self, item: PolicyItem, delta: int) -> None:
         """Count an agent item in (+1) or out (-1) of the runs' demand."""
         if delta > 0:
-            self._demand.add(item.group, item.left)
+            self._demand.add(item.group, item.left, item.turn)
         else:
             self._demand.remove(item.group, item.left)
 

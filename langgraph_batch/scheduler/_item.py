@@ -93,6 +93,7 @@ class PolicyItem:
 
     __slots__ = (
         "batchable",
+        "conversation",
         "dispatched_at",
         "enqueued_at",
         "entry",
@@ -105,6 +106,7 @@ class PolicyItem:
         "payload",
         "prefix",
         "queued_s",
+        "recency",
         "seq",
         "sibling_id",
         "state",
@@ -121,6 +123,7 @@ class PolicyItem:
         payload: Any = None,
         prefix: Hashable | None = None,
         left: Callable[[], int] | None = None,
+        conversation: Hashable | None = None,
     ) -> None:
         self.turn = turn
         """Turns (LLM calls) the caller has completed; more goes first in depth_first."""
@@ -137,6 +140,10 @@ class PolicyItem:
         self.left = left
         """How many siblings of its fan_out run are not finished (read when the
         decode cap is applied; None: not in a fan_out run)."""
+        self.conversation = conversation
+        """The conversation it continues (`_priority.conversation_of`), when known."""
+        self.recency = 0
+        """When that conversation last had a call complete (set at enqueue; 0: never)."""
         self.leading = False
         """This item is warming its prefix (the runner reports its first token)."""
         self.held_at = 0.0

@@ -46,7 +46,7 @@ from langgraph_batch.scheduler._item import (
     RequestStatus,
 )
 from langgraph_batch.scheduler._limit import InflightLimit
-from langgraph_batch.scheduler._priority import PRIORITY_KEYS, AttainedService
+from langgraph_batch.scheduler._priority import PRIORITY_KEYS, AttainedService, Recency
 from langgraph_batch.scheduler._warming import WarmingGate
 
 __all__ = (
@@ -98,6 +98,7 @@ class BatchPolicyCore:
         self._key = PRIORITY_KEYS[policy.priority]
         self._records_service = policy.priority == "las"
         self._attained = AttainedService()
+        self._recency = Recency() if policy.priority == "depth_first" else None
         self._batching = batching and policy.max_batch_size > 1 and policy.batch_window_s > 0
         self._window = policy.batch_window_s
         self._max_batch = policy.max_batch_size
@@ -253,6 +254,8 @@ class BatchPolicyCore:
         if item.seq < 0:
             item.seq = self._seq
             self._seq += 1
+        if self._recency is not None:
+            item.recency = self._recency.get(item.conversation)
         entry = (self._key(item, self._attained), item.seq, item)
         item.entry = entry
         item.enqueued_at = now
@@ -446,6 +449,8 @@ class BatchPolicyCore:
             self._warming.touch(item.prefix, now)
         if outcome is Outcome.OK:
             self._limit.on_ok(queued=bool(self._queued or self._bqueued))
+            if self._recency is not None and item.conversation is not None:
+                self._recency.record(item.conversation)
         elif outcome is Outcome.RATE_LIMITED or outcome is Outcome.OVERLOADED:
             self._limit.decrease(now)
 

@@ -67,7 +67,7 @@ from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
-from langgraph_batch.scheduler._priority import engine_priority
+from langgraph_batch.scheduler._priority import conversation_of, engine_priority
 from langgraph_batch.scheduler._state import SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
@@ -147,6 +147,7 @@ class Scheduler(RequestAttempts, DispatchLoop):
         self._dead_cause: BaseException | None = None
         self._rng = random.Random()
         self._priority_to_engine = caps.priority
+        self._orders_by_recency = self._policy.priority == "depth_first"
         self._ledger: KVLedger | None = None
 
     # ------------------------------------------------------------ properties
@@ -444,6 +445,7 @@ class Scheduler(RequestAttempts, DispatchLoop):
         prefix = prefix_key(request) if self._warming else None
         if sibling is not None and request.route_key is None:
             request = replace(request, route_key=sibling_route_key(sibling.sibling_id))
+        conversation = conversation_of(request.messages) if self._orders_by_recency else None
         if sibling is not None:
             item = PolicyItem(
                 turn=sibling.turn if turn is None else turn,
@@ -453,10 +455,15 @@ class Scheduler(RequestAttempts, DispatchLoop):
                 payload=request,
                 prefix=prefix,
                 left=sibling.left,
+                conversation=conversation,
             )
         else:
             item = PolicyItem(
-                turn=turn or 0, batchable=request.batchable, payload=request, prefix=prefix
+                turn=turn or 0,
+                batchable=request.batchable,
+                payload=request,
+                prefix=prefix,
+                conversation=conversation,
             )
         if self._priority_to_engine and request.priority == 0:
             item.payload = request = replace(

@@ -164,7 +164,7 @@ async def in_tool_call(request: ToolCallRequest, call: Execute) -> ToolResult:
     sibling = current_sibling()
     if sibling is None:
         return await call(request)
-    await sibling.tool_enter()
+    await sibling.tool_enter(request.tool_call.get("name"))
     try:
         result = await call(request)
     except asyncio.CancelledError:

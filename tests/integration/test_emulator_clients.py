@@ -122,7 +122,8 @@ async def test_long_horizon_agent_reasons_varies_its_calls_and_reuses_its_contex
             assert choice.finish_reason == "stop"
             break
         assert choice.finish_reason == "tool_calls"
-        assert choice.message.content and choice.message.content.startswith("Next:")
+        assert choice.message.content
+        assert choice.message.content.startswith("Next:")
         call = choice.message.tool_calls[0]
         seen.append(json.loads(call.function.arguments)["query"])
         stream = await client.chat.completions.create(

@@ -59,53 +59,28 @@ async def test_in_tool_siblings_hold_budget_and_block_fresh_ones() -> None:
     assert gate.stats().resident == 3
 
 
-async def test_resident_tokens_use_the_larger_of_context_and_estimate() -> None:
-    gate = SiblingAdmission(kv_capacity=10_000, kv_headroom=1.0, sibling_tokens=1000)
-    small, big = sib(0, context=200), sib(1, context=4000)
-    await gate.acquire(small, returning=False)
-    await gate.acquire(big, returning=False)
-    assert gate.resident_tokens() == 1000 + 4000
-    big.context_tokens = 5000  # grows after another LLM call
-    assert gate.stats().resident_tokens == 6000
-    # 6000 + 1000 fits 10_000; after that, 7000 + 1000 fits; 8000 + 1000 fits; 9000 + 1000 fits.
-    for i in range(2, 6):
-        await gate.acquire(sib(i), returning=False)
-    blocked = asyncio.create_task(gate.acquire(sib(6), returning=False))
-    await settle()
-    assert not blocked.done()
-    blocked.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await blocked
-    assert gate.stats().waiting_fresh == 0
-
-
-async def test_estimate_is_learned_from_finished_siblings_and_sizes_max_active() -> None:
-    gate = SiblingAdmission(kv_capacity=40_000, kv_headroom=1.0, sibling_tokens=4000)
-    assert gate.sibling_estimate == 4000
-    assert gate.max_active == 10
-    finished = [sib(i) for i in range(10)]
-    for s in finished:
-        await gate.acquire(s, returning=False)
-    for i, s in enumerate(finished):
-        s.context_tokens = 1000 + 100 * i  # 1000 .. 1900
-        gate.finish(s)
-    # p90 of ten observations: the 9th smallest.
-    assert gate.sibling_estimate == 1800
-    assert gate.max_active == 10  # smaller contexts never raise the announced cap
-    assert gate.stats().resident == 0
-    # A sibling that failed before any LLM call teaches nothing.
-    failed = sib(99)
-    await gate.acquire(failed, returning=False)
-    gate.finish(failed)
-    assert gate.sibling_estimate == 1800
-    # Huge observations raise the estimate, never below one place.
-    tiny = SiblingAdmission(kv_capacity=100, sibling_tokens=10)
-    huge = sib(0)
-    await tiny.acquire(huge, returning=False)
-    huge.context_tokens = 5000
-    tiny.finish(huge)
-    assert tiny.sibling_estimate == 5000
-    assert tiny.max_active == 1
+async def test_bookings_are_each_context_plus_one_turns_growth() -> None:
+    gate = SiblingAdmission(kv_capacity=100_000, kv_headroom=1.0, sibling_tokens=1000)
+    a, b = sib(0), sib(1)
+    await gate.acquire(a, returning=False)
+    await gate.acquire(b, returning=False)
+    assert gate.resident_tokens() == 2 * 1000  # nothing learned: the prior, twice
+    for s, first in ((a, 1200), (b, 1800)):
+        s.context_tokens = first
+        s.admission = gate
+        await s.tool_enter("search")  # after its first call
+    # First calls teach the first-call size (mean 1500) and, until a turn's growth
+    # is seen, the growth too: each booking is its context + 1500.
+    assert gate.sibling_estimate == 1500
+    assert gate.resident_tokens() == (1200 + 1500) + (1800 + 1500)
+    await a.tool_exit()
+    a.context_tokens = 2000  # its second call added 800
+    await a.tool_enter("search")
+    assert gate.forecast.growth == 800
+    assert gate.resident_tokens() == (2000 + 800) + (1800 + 800)
+    gate.finish(a)
+    assert gate.resident_tokens() == 1800 + 800
+    assert gate.stats().resident == 1
 
 
 async def test_explicit_max_active_is_not_changed_by_estimates() -> None:
@@ -115,7 +90,7 @@ async def test_explicit_max_active_is_not_changed_by_estimates() -> None:
     s.context_tokens = 100
     gate.finish(s)
     assert gate.sibling_estimate == 100
-    assert gate.max_active == 3  # not 1_000_000 // 100
+    assert gate.max_active == 3
     for i in range(1, 4):
         await gate.acquire(sib(i), returning=False)
     blocked = asyncio.create_task(gate.acquire(sib(4), returning=False))
@@ -195,9 +170,9 @@ def test_the_shared_prefix_seen_on_the_first_call_is_not_counted_per_sibling() -
     assert (s.shared_tokens, s.context_tokens) == (2048, 852)
 
 
-async def test_estimate_before_any_finish_leaves_out_the_shared_prefix() -> None:
+async def test_the_first_calls_replace_the_prior_without_the_shared_prefix() -> None:
     # 100 siblings of a 2048-token shared prompt and ~600 own tokens must all fit a
-    # 374k budget once the share is known, though 100 x 4096 would not.
+    # 374k budget once their first calls are seen, though 100 x 4096 would not.
     gate = SiblingAdmission(kv_capacity=440_000, kv_headroom=0.85, sibling_tokens=4096)
     sibs = [sib(i) for i in range(100)]
     for s in sibs[:91]:
@@ -207,8 +182,8 @@ async def test_estimate_before_any_finish_leaves_out_the_shared_prefix() -> None
     assert not any(t.done() for t in late)  # 91 x 4096 fills the budget
     for s in sibs[:91]:
         s.shared_tokens, s.context_tokens = 2048, 600
-    assert gate.sibling_estimate == 4096 - 2048
-    gate.release(sibs[0])  # any wake-up lets the gate re-check the budget
+    gate.release(sibs[0])  # its first call is seen: 600 own tokens, the shared 2048 apart
+    assert gate.sibling_estimate == 600
     await asyncio.wait_for(asyncio.gather(*late), 10)
     assert gate.stats().resident == 100
 
@@ -228,7 +203,7 @@ async def test_sizing_admits_one_fresh_sibling_until_the_capacity_is_known() -> 
     await asyncio.wait_for(second, 10)
     await settle()
     assert not third.done()
-    assert gate.max_active == 2
+    assert gate.max_active is None  # the KV budget admits, not a cap on actives
     assert gate.kv_budget == 250
     gate.finish(first)
     await asyncio.wait_for(third, 10)
@@ -347,30 +322,75 @@ async def test_runs_on_one_ledger_share_its_token_budget() -> None:
     assert ledger.resident_tokens() == 0
 
 
-async def test_a_derived_cap_counts_every_runs_active_siblings() -> None:
-    ledger = KVLedger(1200)  # room for 3 siblings of 400
-    a = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=400)
-    b = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=400)
-    assert a.max_active == b.max_active == 3
-    sa = [sib(i) for i in range(2)]
-    for s in sa:
-        await a.acquire(s, returning=False)
-    await b.acquire(SiblingInfo(group="h", index=0), returning=False)
-    b1 = asyncio.create_task(b.acquire(SiblingInfo(group="h", index=1), returning=False))
+async def test_growth_pauses_idle_siblings_latest_first_and_they_resume_before_fresh() -> None:
+    gate = SiblingAdmission(kv_capacity=10_600, kv_headroom=1.0, sibling_tokens=1000)
+    sibs = [sib(i) for i in range(4)]
+    for s in sibs:
+        s.admission = gate
+        await gate.acquire(s, returning=False)
+        s.context_tokens = 1000
+    for s in sibs:
+        await s.tool_enter("t")  # first calls seen: bookings 1000 + 1000 each, 8000
+    assert gate.stats().paused == 0
+    await sibs[0].tool_exit()
+    sibs[0].context_tokens = 2500  # grew by 1500: the growth estimate is 1500 now
+    await sibs[0].tool_enter("t")
+    # 4000 + 3 x 2500 = 11,500 > 10,600: the latest admitted idle sibling is paused.
+    assert gate.is_paused(sibs[3])
+    assert gate.resident_tokens() == 4000 + 2500 + 2500
+    await sibs[1].tool_exit()
+    sibs[1].context_tokens = 2500
+    await sibs[1].tool_enter("t")
+    assert gate.resident_tokens() == 4000 + 4000 + 2500  # 10,500: nobody else paused
+    assert not gate.is_paused(sibs[2])
+    assert gate.stats().pauses == 1
+    # It comes back: it waits for room (its booking, 2500), and so does a fresh one.
+    order: list[str] = []
+    back = asyncio.create_task(sibs[3].tool_exit())
+    back.add_done_callback(lambda _: order.append("resumed"))
+    fresh = asyncio.create_task(gate.acquire(sib(9), returning=False))
+    fresh.add_done_callback(lambda _: order.append("fresh"))
     await settle()
-    assert not b1.done()  # 3 active over both runs
-    a.release(sa[0])
-    # A place given up for a tool frees the shared cap, but not the token
-    # budget: the in-tool sibling's KV stays resident (1200 of 1200).
+    assert not back.done()
+    assert not fresh.done()
+    assert gate.stats().waiting_returning == 1
+    gate.finish(sibs[0])  # 4000 freed: the paused sibling resumes first
+    await asyncio.wait_for(asyncio.gather(back, fresh), 10)
+    assert order == ["resumed", "fresh"]
+    assert not gate.is_paused(sibs[3])
+    assert gate.stats().paused == 0
+
+
+async def test_a_long_wait_is_paused_before_a_later_admitted_sibling() -> None:
+    clock = [0.0]
+    gate = SiblingAdmission(
+        kv_capacity=30_000, kv_headroom=1.0, sibling_tokens=1000, clock=lambda: clock[0]
+    )
+    for _ in range(10):  # the tool's latencies so far: about a second each
+        gate.forecast.observe_tool("search", 1.0)
+    early, late, grower = sib(0), sib(1), sib(2)
+    for s in (early, late, grower):
+        s.admission = gate
+        await gate.acquire(s, returning=False)
+    early.context_tokens = late.context_tokens = 4000
+    await early.tool_enter("search")
+    clock[0] = 29.5
+    await late.tool_enter("search")
+    clock[0] = 30.0  # the first wait is a long one by now (past 90% of the tool's calls)
+    grower.context_tokens = 10_000
+    await grower.tool_enter("search")
+    # First calls 4000, 4000, 10,000: mean 6000, the growth estimate too. Bookings
+    # 10,000 + 10,000 + 16,000 = 36,000 > 30,000: the long wait goes, not the latest.
+    assert gate.is_paused(early)
+    assert not gate.is_paused(late)
+    assert not gate.is_paused(grower)
+    back = asyncio.create_task(early.tool_exit())
     await settle()
-    assert not b1.done()
-    a.finish(sa[0])
-    await asyncio.wait_for(b1, 10)
-    # An explicit max_active is the run's own: not counted against others.
-    own = SiblingAdmission(max_active=1, kv_ledger=KVLedger(10**6), sibling_tokens=10)
-    other = SiblingAdmission(max_active=1, kv_ledger=own.kv_ledger, sibling_tokens=10)
-    await own.acquire(sib(7), returning=False)
-    await asyncio.wait_for(other.acquire(SiblingInfo(group="h", index=7), returning=False), 10)
+    assert not back.done()  # 26,000 booked + its 10,000 do not fit
+    gate.finish(grower)
+    await asyncio.wait_for(back, 10)
+    # Its 40 s wait was learned: a 29 s wait on this tool is long now, as it was before.
+    assert gate.forecast.long_wait("search", 29.0)
 
 
 def test_a_gate_in_another_loop_is_woken_in_its_own_loop() -> None:

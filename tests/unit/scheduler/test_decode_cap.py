@@ -373,3 +373,16 @@ def test_the_power_objective_prefers_latency_as_elasticity_rises() -> None:
         engine.run(60)
         caps[e] = engine.settled()
     assert caps[0.1] > caps[0.25] > caps[0.5]
+
+
+def test_a_long_horizon_run_is_never_rounded_into_waves() -> None:
+    from langgraph_batch.scheduler._decode_cap import LONG_HORIZON_TURNS, RunDemand
+
+    demand = RunDemand()
+    demand.add("run", lambda: 30, turn=0)
+    assert demand.siblings_left() == 30  # short agents: the last 30 go in one wave
+    demand.add("run", lambda: 30, turn=LONG_HORIZON_TURNS)
+    # Siblings on their fourth call or later finish one by one, turns apart: the
+    # demand is unknown to the rounding, which then keeps the learned cap.
+    assert demand.siblings_left() is None
+    assert DecodeCap(ceiling=256, start=16).wave(demand.siblings_left()) == 16

@@ -577,3 +577,32 @@ def test_item_repr_and_states() -> None:
     c = core()
     c.enqueue(it, 0.0)
     assert it.state == QUEUED
+
+
+def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
+    from langgraph_batch.scheduler._priority import conversation_of
+
+    core = BatchPolicyCore(BatchPolicy(inflight_limit=1, decode_cap=False))
+    convs = [
+        conversation_of([{"role": "system", "content": "s"}, {"role": "user", "content": u}])
+        for u in ("a", "b", "c")
+    ]
+    assert len(set(convs)) == 3
+    # a, then c, then b complete a call each (in that order).
+    for conv in (convs[0], convs[2], convs[1]):
+        item = PolicyItem(turn=0, conversation=conv)
+        core.enqueue(item, 0.0)
+        (granted,) = core.plan(0.0).dispatch
+        core.on_complete(granted, Outcome.OK, 0.0)
+    # Their next calls, queued in a fixed order: b (most recent) first, then c, then a;
+    # a deeper sibling still goes before all of them.
+    items = [PolicyItem(turn=0, conversation=c) for c in convs]
+    deep = PolicyItem(turn=1, conversation=("other", None))
+    for item in [*items, deep]:
+        core.enqueue(item, 1.0)
+    order = []
+    for _ in range(4):
+        (granted,) = core.plan(1.0).dispatch
+        order.append(granted)
+        core.on_complete(granted, Outcome.OK, 1.0)
+    assert order == [deep, items[1], items[2], items[0]]
