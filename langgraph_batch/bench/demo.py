@@ -39,10 +39,10 @@ from typing import Any
 
 import httpx
 
-from benchmarks.contenders import lgb, naive
-from benchmarks.contenders._common import RECORDER, warmup_job
-from benchmarks.contenders._graph import bind, make_http_client, make_tools
-from benchmarks.demo_server import (
+from langgraph_batch.bench.contenders import lgb, naive
+from langgraph_batch.bench.contenders._common import RECORDER, warmup_job
+from langgraph_batch.bench.contenders._graph import bind, make_http_client, make_tools
+from langgraph_batch.bench.demo_server import (
     W1,
     DemoError,
     Server,
@@ -51,8 +51,8 @@ from benchmarks.demo_server import (
     reset_server,
     server_stats,
 )
-from benchmarks.toolservice import tool_service
-from benchmarks.workloads import make_job, tool_config
+from langgraph_batch.bench.toolservice import tool_service
+from langgraph_batch.bench.workloads import make_job, tool_config
 
 __all__ = ("main",)
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -267,7 +267,7 @@ def tool_service(config: ToolServiceConfig) -> Iterator[str]:
     """Run the tool service in its own process; yields its base URL."""
     port = free_port()
     cfg = asdict(config)
-    cmd = [sys.executable, "-m", "benchmarks.toolservice", "--port", str(port)]
+    cmd = [sys.executable, "-m", "langgraph_batch.bench.toolservice", "--port", str(port)]
     cmd += ["--config", json.dumps(cfg)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT))
@@ -296,7 +296,7 @@ def tool_service(config: ToolServiceConfig) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.toolservice")
+    parser = argparse.ArgumentParser(prog="python -m langgraph_batch.bench.toolservice")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--config", default="{}", help="ToolServiceConfig as JSON")

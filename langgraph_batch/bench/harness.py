@@ -32,10 +32,10 @@ from typing import Any
 
 import httpx
 
-from benchmarks import live, metrics, report, timeline
-from benchmarks.contenders._common import RESULT_PREFIX, sum_stats
-from benchmarks.toolservice import ROOT, tool_service
-from benchmarks.workloads import (
+from langgraph_batch.bench import live, metrics, report, timeline
+from langgraph_batch.bench.contenders._common import RESULT_PREFIX, sum_stats
+from langgraph_batch.bench.toolservice import ROOT, tool_service
+from langgraph_batch.bench.workloads import (
     SINGLE_TURN,
     WORKLOADS,
     Workload,
@@ -52,14 +52,14 @@ from benchmarks.workloads import (
 logger = logging.getLogger(__name__)
 
 MODULES = {
-    "naive": "benchmarks.contenders.naive",
-    "naive-bounded": "benchmarks.contenders.naive",
-    "langgraph-batch": "benchmarks.contenders.lgb",
-    "langgraph-batch-rr": "benchmarks.contenders.lgb",
-    "batchagent": "benchmarks.contenders.batchagent_runner",
+    "naive": "langgraph_batch.bench.contenders.naive",
+    "naive-bounded": "langgraph_batch.bench.contenders.naive",
+    "langgraph-batch": "langgraph_batch.bench.contenders.lgb",
+    "langgraph-batch-rr": "langgraph_batch.bench.contenders.lgb",
+    "batchagent": "langgraph_batch.bench.contenders.batchagent_runner",
 }
-SINGLE_TURN_MODULE = "benchmarks.contenders.single"
-SIMULATION_MODULE = "benchmarks.contenders.simulation"
+SINGLE_TURN_MODULE = "langgraph_batch.bench.contenders.single"
+SIMULATION_MODULE = "langgraph_batch.bench.contenders.simulation"
 SINGLE_TURN_CONTENDERS = (
     "abatch-bounded",
     "abatch",
@@ -71,6 +71,19 @@ BATCHAGENT_VENV = ROOT / "benchmarks" / ".venv-batchagent"
 BATCHAGENT_SPEC = "batch-agent==0.2.0"
 MODEL = "emulated-llama-3-8b"
 LAG_WARN_S = 0.5
+# The batchagent venv has no LangGraph, and `langgraph_batch/__init__.py` imports
+# it: register the packages down to `contenders` without running their
+# `__init__`s, then run the (standard-library-only) runner as `__main__`.
+_STDLIB_RUNNER = (
+    "import importlib.util, runpy, sys, types\n"
+    "base = importlib.util.find_spec('langgraph_batch').submodule_search_locations[0]\n"
+    "for name, sub in (('langgraph_batch', ''), ('langgraph_batch.bench', '/bench'),\n"
+    "                  ('langgraph_batch.bench.contenders', '/bench/contenders')):\n"
+    "    mod = types.ModuleType(name)\n"
+    "    mod.__path__ = [base + sub]\n"
+    "    sys.modules[name] = mod\n"
+    "runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)\n"
+)
 
 
 def log(msg: str) -> None:
@@ -129,6 +142,18 @@ def versions() -> dict[str, Any]:
     return out
 
 
+def lower_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
+    """The `ideal` contender: the KV-valid bound for long-horizon shapes, else `ideal.ideal`."""
+    from langgraph_batch.bench.contenders import ideal, kv_bound
+
+    if wl.simulation:
+        return kv_bound.simulation_bound(wl, n=n, seed=seed)
+    if wl.turns_range is not None:
+        # Long-horizon shapes whose contexts outgrow the KV cache: the KV-valid bound.
+        return kv_bound.agents_bound(wl, n=n, seed=seed)
+    return ideal.ideal(wl, n=n, seed=seed)
+
+
 def module_for(workload: str, name: str) -> str:
     """The module a contender of `workload` runs."""
     if workload in SINGLE_TURN:
@@ -168,6 +193,8 @@ def run_contender(
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.setdefault("LANGSMITH_TRACING", "false")
     cmd = [str(python), "-m", module_for(job["workload"], name)]
+    if name == "batchagent":
+        cmd = [str(python), "-c", _STDLIB_RUNNER, module_for(job["workload"], name)]
     trace: list[list[float]] = []
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
@@ -311,7 +338,6 @@ def run_workload(
             wl, n=n, contenders=contenders, seed=seed, timeout=timeout, target=target,
             lgb_options=lgb_options,
         )  # fmt: skip
-    from benchmarks.contenders import ideal
     from langgraph_batch.emulator.config import EmulatorConfig
     from langgraph_batch.emulator.process import EmulatorProcess
 
@@ -340,7 +366,7 @@ def run_workload(
         tool_url = stack.enter_context(tool_service(tool_config(wl, time_scale, seed)))
         for name in contenders:
             if name == "ideal":
-                results[name] = ideal.ideal(wl, n=n, seed=seed)
+                results[name] = lower_bound(wl, n=n, seed=seed)
                 log(f"{wl.id}: ideal makespan {results[name]['makespan_s']:.2f} s (emulated)")
                 continue
             for url in urls:
@@ -453,7 +479,6 @@ def _run_live(
     target: live.ServerTarget,
     lgb_options: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    from benchmarks.contenders import ideal
 
     if wl.replicas > 1:
         raise ValueError(f"{wl.id} needs {wl.replicas} replicas: run it on the emulator")
@@ -477,7 +502,7 @@ def _run_live(
         tool_url = stack.enter_context(tool_service(tool_config(wl, 1.0, seed)))
         for name in contenders:
             if name == "ideal":
-                entry = ideal.ideal(wl, n=n, seed=seed)
+                entry = lower_bound(wl, n=n, seed=seed)
                 entry["note"] += (
                     f"; the {wl.profile} cost model, not {target.url}: a reference only"
                 )

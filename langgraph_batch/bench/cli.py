@@ -19,15 +19,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
-from benchmarks.harness import (
+from langgraph_batch.bench import report
+from langgraph_batch.bench.harness import (
     SINGLE_TURN_CONTENDERS,
     log,
     run_workload,
 )
-from benchmarks.live import ServerTarget
-from benchmarks.toolservice import ROOT
-from benchmarks.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
+from langgraph_batch.bench.live import ServerTarget
+from langgraph_batch.bench.toolservice import ROOT
+from langgraph_batch.bench.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
 
 ALL_CONTENDERS = (
     "naive",

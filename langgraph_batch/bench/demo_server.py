@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from benchmarks.workloads import WORKLOADS, emulator_settings
+from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings
 
 __all__ = (
     "EMULATOR_HEADER",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
+from langgraph_batch.bench.contenders._common import RECORDER, emit, read_job, run_measured
 
 
 def main() -> None:

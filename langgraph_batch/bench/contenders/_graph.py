@@ -39,7 +39,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import tools_condition
 from pydantic import BaseModel, Field, create_model
 
-from benchmarks.contenders._common import RECORDER
+from langgraph_batch.bench.contenders._common import RECORDER
 
 
 class AgentState(TypedDict, total=False):

@@ -53,9 +53,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.contenders.ideal import MAX_BATCHED_TOKENS, openai_tools, work_bound
-from benchmarks.toolservice import canonical_key
-from benchmarks.workloads import (
+from langgraph_batch.bench.contenders.ideal import MAX_BATCHED_TOKENS, openai_tools, work_bound
+from langgraph_batch.bench.toolservice import canonical_key
+from langgraph_batch.bench.workloads import (
     Workload,
     observation,
     response_schema,
