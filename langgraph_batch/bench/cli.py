@@ -4,7 +4,8 @@ For each workload: start the emulator (one process per replica: W4 has 4),
 or use a live server (`--server vllm://host:port --model NAME`), and the tool
 service in their own processes, then run every contender one after another,
 each in its own fresh process, against the same servers, and write
-`<out>/<workload>.json`, `.md` and `.png` (see `benchmarks.harness`).
+`<out>/<workload>.json`, `.md` and `.png` (see `langgraph_batch.bench.harness`).
+The harness needs the `bench` extra: `pip install 'langgraph-batch[bench]'`.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_batch.bench import report
+from langgraph_batch.bench._paths import default_out
 from langgraph_batch.bench.harness import (
     SINGLE_TURN_CONTENDERS,
     log,
     run_workload,
 )
 from langgraph_batch.bench.live import ServerTarget
-from langgraph_batch.bench.toolservice import ROOT
 from langgraph_batch.bench.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
 
 ALL_CONTENDERS = (
@@ -62,7 +63,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="langgraph-batch bench",
         description="Run benchmark workloads on the emulated server or a live one "
-        "(see benchmarks/README.md).",
+        "(see benchmarks/README.md in the repository).",
     )
     parser.add_argument("workload", choices=[*WORKLOADS, "all"], help="which workload to run")
     parser.add_argument("--n", type=int, default=None, help="siblings (default: the workload's)")
@@ -92,7 +93,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--model", default=None, help="the live server's model name (--server)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results directory (default: benchmarks/results in a source checkout, "
+        "else ./bench-results)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds allowed per contender run"
     )
@@ -109,7 +116,30 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="diagnostics: a BatchedChatModel option for the langgraph-batch contender "
         "(recorded in params; reported runs use none)",
     )
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(list(argv))
+    if args.out is None:
+        args.out = default_out()
+    return args
+
+
+#: What the harness imports beyond the library's own dependencies (the `bench` extra):
+#: the emulator and the tool service (HTTP servers), the naive contenders, the charts.
+BENCH_MODULES = ("starlette", "uvicorn", "langchain_openai", "matplotlib")
+
+
+def missing_modules() -> list[str]:
+    """The modules of `BENCH_MODULES` that cannot be imported here (found, not imported)."""
+    import importlib.util
+
+    out = []
+    for name in BENCH_MODULES:
+        try:
+            missing = importlib.util.find_spec(name) is None
+        except ValueError:  # in sys.modules as None: blocked, as if not installed
+            missing = True
+        if missing:
+            out.append(name)
+    return out
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -122,6 +152,13 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    missing = missing_modules()
+    if missing:
+        from langgraph_batch._extras import missing_extra
+
+        err = missing_extra("bench", "langgraph-batch bench needs " + ", ".join(missing))
+        sys.stderr.write(f"langgraph-batch bench failed: ImportError: {err}\n")
+        return 2
     ids = list(WORKLOADS) if args.workload == "all" else [args.workload]
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")

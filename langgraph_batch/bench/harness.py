@@ -33,8 +33,9 @@ from typing import Any
 import httpx
 
 from langgraph_batch.bench import live, metrics, report, timeline
+from langgraph_batch.bench._paths import batchagent_venv, checkout_root, child_env, package_parent
 from langgraph_batch.bench.contenders._common import RESULT_PREFIX, sum_stats
-from langgraph_batch.bench.toolservice import ROOT, tool_service
+from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.bench.workloads import (
     SINGLE_TURN,
     WORKLOADS,
@@ -67,16 +68,16 @@ SINGLE_TURN_CONTENDERS = (
     "langgraph-batch-fan-out",
     "langgraph-batch-nobatch",
 )
-BATCHAGENT_VENV = ROOT / "benchmarks" / ".venv-batchagent"
 BATCHAGENT_SPEC = "batch-agent==0.2.0"
 MODEL = "emulated-llama-3-8b"
 LAG_WARN_S = 0.5
 # The batchagent venv has no LangGraph, and `langgraph_batch/__init__.py` imports
-# it: register the packages down to `contenders` without running their
-# `__init__`s, then run the (standard-library-only) runner as `__main__`.
+# it: register the packages down to `contenders` (their directory is argv[1]:
+# a PYTHONPATH could put the bench's own site-packages ahead of that venv's)
+# without running their `__init__`s, then run the stdlib-only runner as `__main__`.
 _STDLIB_RUNNER = (
-    "import importlib.util, runpy, sys, types\n"
-    "base = importlib.util.find_spec('langgraph_batch').submodule_search_locations[0]\n"
+    "import runpy, sys, types\n"
+    "base = sys.argv.pop(1) + '/langgraph_batch'\n"
     "for name, sub in (('langgraph_batch', ''), ('langgraph_batch.bench', '/bench'),\n"
     "                  ('langgraph_batch.bench.contenders', '/bench/contenders')):\n"
     "    mod = types.ModuleType(name)\n"
@@ -97,13 +98,14 @@ def batchagent_python() -> Path:
     Raises:
         RuntimeError: if the venv cannot be created or batch-agent not installed.
     """
-    py = BATCHAGENT_VENV / "bin" / "python"
+    venv = batchagent_venv()
+    py = venv / "bin" / "python"
     check = [str(py), "-c", "import batch_agent"]
     if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return py
-    log(f"creating {BATCHAGENT_VENV} with {BATCHAGENT_SPEC} (first run only)")
+    log(f"creating {venv} with {BATCHAGENT_SPEC} (first run only)")
     steps = [
-        [sys.executable, "-m", "venv", str(BATCHAGENT_VENV)],
+        [sys.executable, "-m", "venv", str(venv)],
         [str(py), "-m", "pip", "install", "-q", BATCHAGENT_SPEC],
     ]
     # The main venv may itself have been created without pip in its base python.
@@ -129,16 +131,21 @@ def versions() -> dict[str, Any]:
             out[dist] = None
     out["batch-agent"] = BATCHAGENT_SPEC.split("==")[1]
     out["cpu_count"] = os.cpu_count()
-    try:
-        out["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        out["git_commit"] = None
+    root = checkout_root()
+    out["installed"] = root is None
+    out["git_commit"] = None  # an installed package has no checkout to ask
+    if root is not None:
+        try:
+            proc = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=root,
+                check=False,
+            )
+            out["git_commit"] = proc.stdout.strip() or None
+        except OSError:  # no git
+            pass
     return out
 
 
@@ -190,15 +197,16 @@ def run_contender(
             python = batchagent_python()
         except RuntimeError as exc:
             return None, str(exc), []
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env()
     env.setdefault("LANGSMITH_TRACING", "false")
     cmd = [str(python), "-m", module_for(job["workload"], name)]
     if name == "batchagent":
-        cmd = [str(python), "-c", _STDLIB_RUNNER, module_for(job["workload"], name)]
+        env.pop("PYTHONPATH")
+        cmd = [str(python), "-c", _STDLIB_RUNNER, str(package_parent()), cmd[-1]]
     trace: list[list[float]] = []
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, env=env, cwd=ROOT
+            cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, env=env
         )
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(job))

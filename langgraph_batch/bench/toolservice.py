@@ -11,7 +11,7 @@ Endpoints:
 - `POST /reset` zeroes the counters.
 - `GET /health`.
 
-Run: `python -m benchmarks.toolservice --port 8123 --config '{"latency_s": 0.8}'`.
+Run: `python -m langgraph_batch.bench.toolservice --port 8123 --config '{"latency_s": 0.8}'`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -29,12 +28,11 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
+from langgraph_batch.bench._paths import child_env
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,8 +267,7 @@ def tool_service(config: ToolServiceConfig) -> Iterator[str]:
     cfg = asdict(config)
     cmd = [sys.executable, "-m", "langgraph_batch.bench.toolservice", "--port", str(port)]
     cmd += ["--config", json.dumps(cfg)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT))
+    proc = subprocess.Popen(cmd, env=child_env())
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

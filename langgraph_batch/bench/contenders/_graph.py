@@ -79,9 +79,8 @@ def make_tools(job: dict[str, Any], client: httpx.AsyncClient) -> list[BaseTool]
         arg: str = spec["arg"]
         url = f"{job['tool_url']}/tools/{name}"
         kind: Any = Literal[tuple(keys)] if keys else str  # an enum of the keys when forced
-        schema: type[BaseModel] = create_model(
-            f"{name}_args", **{arg: (kind, Field(description=spec.get("arg_description", arg)))}
-        )
+        fields: dict[str, Any] = {arg: (kind, Field(description=spec.get("arg_description", arg)))}
+        schema: type[BaseModel] = create_model(f"{name}_args", **fields)
 
         def _factory(url: str = url) -> Callable[..., Any]:
             async def call(**kwargs: Any) -> str:
@@ -171,7 +170,7 @@ def build_agent(
         return {"answer": text}
 
     def route(state: AgentState) -> str:
-        return "tools" if tools_condition(state) == "tools" else "finish"
+        return "tools" if tools_condition(dict(state)) == "tools" else "finish"
 
     g = StateGraph(AgentState)
     g.add_node("model", model)

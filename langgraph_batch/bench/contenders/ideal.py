@@ -167,7 +167,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
             "siblings_per_replica": per,
             "note": (
                 f"lower bound from the emulator cost model: {per} siblings on each of "
-                f"{wl.replicas} replicas, perfect affinity (benchmarks/contenders/ideal.py)"
+                f"{wl.replicas} replicas, perfect affinity (bench/contenders/ideal.py)"
             ),
         }
     from langgraph_batch.emulator.costs import get_profile
@@ -261,5 +261,5 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "steps": steps,
         "max_concurrent_decodes": max_decodes,
         "profile": profile.name,
-        "note": "lower bound from the emulator cost model (benchmarks/contenders/ideal.py)",
+        "note": "lower bound from the emulator cost model (bench/contenders/ideal.py)",
     }

@@ -54,7 +54,7 @@ def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
         options["backend"] = backend_from_url(url, routing=job["routing"], timeout=600.0)
     else:
         options["base_url"] = url
-    return BatchedChatModel(  # type: ignore[call-arg]  # pydantic fields mypy sees as aliases
+    return BatchedChatModel(
         model=job["model"],
         temperature=0.0,
         max_tokens=max_tokens,
