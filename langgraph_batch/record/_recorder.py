@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -81,6 +82,8 @@ class Recorder(BaseCallbackHandler):
 
     Pass it as a callback to any graph or model; close it when the run is
     over (or use it as a context manager), which writes the summary line.
+    Lines are written by a thread of the recorder's, never inside the event
+    loop; `close()` waits until they are on disk.
 
     ```python
     from langgraph_batch.record import Recorder
@@ -137,6 +140,11 @@ class Recorder(BaseCallbackHandler):
         self._cached_known = False
         self._last_end = 0.0
         self._closed = False
+        # Lines go to the file from a thread of their own: callbacks run inside
+        # the event loop (run_inline), where a file write would block it.
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._drain, name="lgb-recorder", daemon=True)
+        self._writer.start()
         self._write(
             {
                 "type": "header",
@@ -173,8 +181,13 @@ class Recorder(BaseCallbackHandler):
         return round(now - self._t0, 6)
 
     def _write(self, row: Mapping[str, Any]) -> None:
-        self._fh.write(json.dumps(row, separators=(",", ":")) + "\n")
-        self._fh.flush()
+        self._queue.put(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def _drain(self) -> None:
+        while (line := self._queue.get()) is not None:
+            self._fh.write(line)
+            if self._queue.empty():
+                self._fh.flush()
 
     def _sibling_of(self, hashes: tuple[str, ...]) -> tuple[int, int]:
         """(sibling, messages shared with its previous call) for a call with these messages."""
@@ -400,5 +413,8 @@ class Recorder(BaseCallbackHandler):
             return
         self._write(self.summary())
         self._closed = True
+        self._queue.put(None)
+        self._writer.join()
+        self._fh.flush()
         if self._owns:
             self._fh.close()

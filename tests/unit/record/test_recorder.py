@@ -93,6 +93,7 @@ def test_digests_are_keyed() -> None:
         run = uuid4()
         rec.on_chat_model_start({}, [[HumanMessage("hello")]], run_id=run)
         rec.on_llm_end(reply("x", usage=usage(3, 1)), run_id=run)
+        rec.close()
         digests.append(lines(buf)[1]["new"][0][1])
     assert digests[0] == digests[2] != digests[1]
 
@@ -103,6 +104,7 @@ def test_content_is_opt_in() -> None:
     run = uuid4()
     rec.on_chat_model_start({}, [[HumanMessage("hello there")]], run_id=run)
     rec.on_llm_end(reply("general kenobi", usage=usage(3, 2)), run_id=run)
+    rec.close()
     row = lines(buf)[1]
     assert row["content"] == ["hello there"]
     assert row["output"] == "general kenobi"
