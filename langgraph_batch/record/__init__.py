@@ -10,7 +10,7 @@ field by field with units, is in `langgraph_batch.record._format`.
 ```python
 from langgraph_batch.record import Recorder
 
-with Recorder("job.jsonl") as rec:
+async with Recorder("job.jsonl") as rec:
     await graph.ainvoke(inputs, config={"callbacks": [rec]})
 ```
 """

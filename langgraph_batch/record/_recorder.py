@@ -88,7 +88,7 @@ class Recorder(BaseCallbackHandler):
     ```python
     from langgraph_batch.record import Recorder
 
-    with Recorder("job.jsonl") as rec:
+    async with Recorder("job.jsonl") as rec:
         result = await graph.ainvoke(inputs, config={"callbacks": [rec]})
     ```
 
@@ -117,11 +117,10 @@ class Recorder(BaseCallbackHandler):
         content: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(path, str | Path):
-            self._fh: IO[str] = Path(path).open("w", encoding="utf-8")  # noqa: SIM115
-            self._owns = True
-        else:
-            self._fh, self._owns = path, False
+        # A path is opened by the writer thread (not in the caller's event loop).
+        self._path = Path(path) if isinstance(path, str | Path) else None
+        self._fh: IO[str] | None = None if isinstance(path, str | Path) else path
+        self._error: OSError | None = None
         self._key = key.encode() if isinstance(key, str) else (key or os.urandom(32))
         self._content = content
         self._clock = clock
@@ -174,6 +173,12 @@ class Recorder(BaseCallbackHandler):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> Recorder:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     def _now(self) -> float:
         now = self._clock()
         if self._t0 is None:
@@ -184,10 +189,22 @@ class Recorder(BaseCallbackHandler):
         self._queue.put(json.dumps(row, separators=(",", ":")) + "\n")
 
     def _drain(self) -> None:
-        while (line := self._queue.get()) is not None:
-            self._fh.write(line)
-            if self._queue.empty():
-                self._fh.flush()
+        try:
+            if self._fh is None and self._path is not None:
+                self._fh = self._path.open("w", encoding="utf-8")
+            fh = self._fh
+            assert fh is not None
+            while (line := self._queue.get()) is not None:
+                fh.write(line)
+                if self._queue.empty():
+                    fh.flush()
+            fh.flush()
+            if self._path is not None:
+                fh.close()
+        except OSError as exc:
+            self._error = exc
+            while self._queue.get() is not None:  # keep the callbacks from piling up lines
+                pass
 
     def _sibling_of(self, hashes: tuple[str, ...]) -> tuple[int, int]:
         """(sibling, messages shared with its previous call) for a call with these messages."""
@@ -408,13 +425,23 @@ class Recorder(BaseCallbackHandler):
             }
 
     def close(self) -> None:
-        """Write the summary line and close the file (when the recorder opened it)."""
-        if self._closed:
-            return
-        self._write(self.summary())
-        self._closed = True
-        self._queue.put(None)
+        """Write the summary line, wait until every line is written, close the file.
+
+        A file object passed in is flushed, not closed.
+
+        Raises:
+            OSError: the file could not be opened or written.
+        """
+        if not self._closed:
+            self._write(self.summary())
+            self._closed = True
+            self._queue.put(None)
         self._writer.join()
-        self._fh.flush()
-        if self._owns:
-            self._fh.close()
+        if self._error is not None:
+            raise self._error
+
+    async def aclose(self) -> None:
+        """`close()` without blocking the event loop (`async with Recorder(...)` calls it)."""
+        import asyncio
+
+        await asyncio.to_thread(self.close)

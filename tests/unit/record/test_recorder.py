@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import operator
@@ -254,3 +255,21 @@ def test_a_send_map_reduce_graph_is_recorded_per_conversation() -> None:
         assert call.tool_calls[0][1] == run.args_hash
     assert recording.summary is not None
     assert recording.summary["shared_prefix"]["messages"] == 1
+
+
+async def test_async_use_never_blocks_the_event_loop(tmp_path: Any) -> None:
+    # blockbuster (autouse) fails this test on a file open or write inside the loop.
+    path = tmp_path / "job.jsonl"
+    async with Recorder(path) as rec:
+        run = uuid4()
+        rec.on_chat_model_start({}, [[HumanMessage("hi")]], run_id=run)
+        rec.on_llm_end(reply("x", usage=usage(3, 1)), run_id=run)
+    recording = await asyncio.to_thread(read_recording, path)
+    assert len(recording.calls) == 1
+
+
+def test_an_unwritable_path_fails_at_close(tmp_path: Any) -> None:
+    rec = Recorder(tmp_path / "missing" / "job.jsonl")
+    rec.on_chat_model_start({}, [[HumanMessage("hi")]], run_id=uuid4())
+    with pytest.raises(FileNotFoundError):
+        rec.close()
