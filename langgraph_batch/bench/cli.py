@@ -1,5 +1,8 @@
 """`langgraph-batch bench <W1|...|W9|all> [--n N] [--contenders a,b] [--time-scale X] ...`.
 
+`langgraph-batch bench --replay FILE [--server URL --model M]` replays a job
+recorded with `langgraph_batch.record.Recorder` instead (`replay_run`).
+
 For each workload: start the emulator (one process per replica: W4 has 4),
 or use a live server (`--server vllm://host:port --model NAME`), and the tool
 service in their own processes, then run every contender one after another,
@@ -65,7 +68,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         description="Run benchmark workloads on the emulated server or a live one "
         "(see benchmarks/README.md in the repository).",
     )
-    parser.add_argument("workload", choices=[*WORKLOADS, "all"], help="which workload to run")
+    parser.add_argument(
+        "workload", nargs="?", choices=[*WORKLOADS, "all"], help="which workload to run"
+    )
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay a job recorded with langgraph_batch.record.Recorder (JSON Lines) "
+        "instead of a workload",
+    )
     parser.add_argument("--n", type=int, default=None, help="siblings (default: the workload's)")
     parser.add_argument(
         "--contenders",
@@ -159,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         err = missing_extra("bench", "langgraph-batch bench needs " + ", ".join(missing))
         sys.stderr.write(f"langgraph-batch bench failed: ImportError: {err}\n")
         return 2
+    if (args.workload is None) == (args.replay is None):
+        log("name a workload or --replay FILE (one of them)")
+        return 2
+    if args.replay is not None:
+        return _replay(args)
     ids = list(WORKLOADS) if args.workload == "all" else [args.workload]
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")
@@ -225,6 +243,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / "SUMMARY.md").write_text(summary)
     log(f"done in {time.monotonic() - t_start:.0f} s")
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """`bench --replay FILE`: every replay contender on the recorded job's shape."""
+    from langgraph_batch.bench.replay_run import REPLAY_CONTENDERS, run_replay, write
+
+    if args.n is not None or args.replicas is not None:
+        log("--n and --replicas do not apply to --replay (the recording sets the shape)")
+        return 2
+    chosen = list(REPLAY_CONTENDERS)
+    if args.contenders:
+        chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+        unknown = [c for c in chosen if c not in REPLAY_CONTENDERS and not _bounded(c)]
+        if unknown:
+            log(f"replay: unknown contender(s) {unknown}; choose from "
+                f"{', '.join(REPLAY_CONTENDERS)} or naive-bounded-<k>")  # fmt: skip
+            return 2
+    target: ServerTarget | None = None
+    if args.server is not None or args.model is not None:
+        if args.time_scale is not None:
+            log("--time-scale applies to the emulator only, not to --server")
+            return 2
+        try:
+            target = ServerTarget.parse(args.server or "", args.model or "")
+        except ValueError as exc:
+            log(str(exc))
+            return 2
+    try:
+        result = run_replay(
+            args.replay,
+            contenders=chosen,
+            time_scale=args.time_scale or 1.0,
+            seed=args.seed,
+            timeout=args.timeout,
+            target=target,
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        log(f"replay: {exc}")
+        return 1
+    paths = write(result, args.out)
+    from langgraph_batch.bench.replay_run import markdown
+
+    sys.stdout.write(markdown(result))
+    log(f"replay: wrote {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
+def _bounded(contender: str) -> bool:
+    try:
+        return bounded_concurrency(contender) is not None
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

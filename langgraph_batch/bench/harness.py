@@ -165,7 +165,7 @@ def module_for(workload: str, name: str) -> str:
     """The module a contender of `workload` runs."""
     if workload in SINGLE_TURN:
         return SINGLE_TURN_MODULE
-    if WORKLOADS[workload].simulation:
+    if workload in WORKLOADS and WORKLOADS[workload].simulation:  # a replay: agents
         return SIMULATION_MODULE
     if bounded_concurrency(name) is not None:
         return MODULES["naive"]

@@ -54,6 +54,11 @@ class ToolServiceConfig:
     """If set, each distinct key's result is sized (seeded, log-uniform in the range) in
     emulator tokens instead of `result_words` words."""
     seed: int = 0
+    latency_table: dict[str, float] | None = None
+    """Per-call latencies by canonical key (a replayed job's, `bench --replay`); wins over
+    the others for the keys it lists."""
+    result_tokens_table: dict[str, int] | None = None
+    """Per-call result sizes in emulator tokens by canonical key (a replayed job's)."""
 
     def _draw(self, what: str, key: str) -> float:
         """A uniform draw in [0, 1) fixed by the seed, `what` and the call's key."""
@@ -62,6 +67,8 @@ class ToolServiceConfig:
 
     def latency_for(self, key: str) -> float:
         """Latency of one call with canonical key `key`."""
+        if self.latency_table and key in self.latency_table:
+            return float(self.latency_table[key])
         if self.latency_mix:
             pick = self._draw("mix:", key) * sum(w for w, _, _ in self.latency_mix)
             lo, hi = self.latency_mix[-1][1:]
@@ -78,6 +85,8 @@ class ToolServiceConfig:
 
     def result_for(self, key: str) -> str:
         """The result text of one call with canonical key `key`."""
+        if self.result_tokens_table and key in self.result_tokens_table:
+            return result_text_tokens(key, int(self.result_tokens_table[key]))
         if self.result_tokens_range is None:
             return result_text(key, self.result_words)
         lo, hi = self.result_tokens_range
