@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     """`bench --replay FILE`: every replay contender on the recorded job's shape."""
-    from langgraph_batch.bench.replay_run import REPLAY_CONTENDERS, run_replay, write
+    from langgraph_batch.bench.replay_run import REPLAY_CONTENDERS, markdown, run_replay, write
 
     if args.n is not None or args.replicas is not None:
         log("--n and --replicas do not apply to --replay (the recording sets the shape)")
@@ -283,8 +283,6 @@ def _replay(args: argparse.Namespace) -> int:
         log(f"replay: {exc}")
         return 1
     paths = write(result, args.out)
-    from langgraph_batch.bench.replay_run import markdown
-
     sys.stdout.write(markdown(result))
     log(f"replay: wrote {', '.join(str(p) for p in paths.values())}")
     return 0
