@@ -150,3 +150,19 @@ def test_fidelity_ratios_and_waits_from_a_timeline() -> None:
     assert fid["prompt_tokens"] == 0.99
     assert fid["cached_tokens"] is None
     assert fid["makespan_s"] == 1.1
+
+
+def test_cli_replay_misuse(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from langgraph_batch.bench.cli import main
+
+    assert main([]) == 2
+    assert main(["W1", "--replay", "x.jsonl"]) == 2
+    assert main(["--replay", str(tmp_path / "none.jsonl"), "--out", str(tmp_path)]) == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"x": 1}\n')
+    assert main(["--replay", str(bad), "--out", str(tmp_path)]) == 1
+    assert main(["--replay", str(bad), "--contenders", "batchagent"]) == 2
+    assert main(["--replay", str(bad), "--n", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "not a langgraph-batch-record file" in err
+    assert "unknown contender(s) ['batchagent']" in err
