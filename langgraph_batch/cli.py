@@ -2,51 +2,31 @@
 
 Each subcommand lives in its own module and is imported only when used, so
 `langgraph-batch emulate` does not import LangGraph. `demo` and `bench` are
-applications of the source checkout (`benchmarks/`), not of the wheel.
+applications built on the library (`langgraph_batch.bench`): the library
+itself never imports them.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 _USAGE = """usage: langgraph-batch <command> [options]
 
 commands:
-  demo      W1 batched vs plain LangGraph on the emulator or --backend-url (checkout)
+  demo      W1 batched vs plain LangGraph on the emulator or --backend-url
   emulate   serve the vLLM/SGLang emulator over HTTP
-  bench     run the benchmark workloads (from a source checkout)
+  bench     run the benchmark workloads
   worker    run the siblings of distributed fan_outs (Redis URL, graph import path)
 
 `langgraph-batch <command> --help` shows a command's options.
 """
 
 
-def _checkout(command: str, make_target: str) -> bool:
-    """Put the source checkout on `sys.path`; False, with a message, when there is none.
-
-    The demo and the benchmarks live there (`benchmarks/`), not in the wheel.
-    """
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / "__init__.py").exists():
-        print(
-            f"langgraph-batch {command} runs from a source checkout: "
-            f"git clone the repository and run `make {make_target}` there.",
-            file=sys.stderr,
-        )
-        return False
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return True
-
-
 def _demo(argv: Sequence[str]) -> int:
     # An application built from the benchmark's workload and contenders.
-    if not _checkout("demo", "demo"):
-        return 2
     try:
-        from benchmarks.demo import main
+        from langgraph_batch.bench.demo import main
     except ImportError:
         # Its emulator and the benchmark's tool service are HTTP servers
         # (starlette, uvicorn); its baseline is ChatOpenAI: the `demo` extra.
@@ -67,10 +47,7 @@ def _emulate(argv: Sequence[str]) -> int:
 
 
 def _bench(argv: Sequence[str]) -> int:
-    # The benchmark harness is a development tool: it is not in the wheel.
-    if not _checkout("bench", "bench"):
-        return 2
-    from benchmarks.cli import main
+    from langgraph_batch.bench.cli import main
 
     return int(main(argv))
 

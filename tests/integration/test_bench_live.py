@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks import live, timeline
-from benchmarks.contenders._common import parse_metrics
-from benchmarks.harness import shape_check
+from langgraph_batch.bench import live, timeline
+from langgraph_batch.bench.contenders._common import parse_metrics
+from langgraph_batch.bench.harness import shape_check
 from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]

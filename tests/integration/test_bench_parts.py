@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import metrics, report
-from benchmarks.contenders.ideal import ideal
-from benchmarks.toolservice import ToolServiceConfig
-from benchmarks.workloads import WORKLOADS, response_schema, system_prompt, task_text
+from langgraph_batch.bench import metrics, report
+from langgraph_batch.bench.contenders.ideal import ideal
+from langgraph_batch.bench.toolservice import ToolServiceConfig
+from langgraph_batch.bench.workloads import WORKLOADS, response_schema, system_prompt, task_text
 from langgraph_batch.emulator.scenarios import value_for_schema
 from langgraph_batch.emulator.tokenizer import count_tokens
 
@@ -178,7 +178,7 @@ def test_results_json_keeps_timelines_on_one_line_per_item(tmp_path: Path) -> No
 def test_kv_bound_keeps_contexts_when_they_fit_and_drops_the_longest_waits_when_not() -> None:
     from dataclasses import replace
 
-    from benchmarks.contenders import kv_bound
+    from langgraph_batch.bench.contenders import kv_bound
 
     w8 = replace(WORKLOADS["W8"], kv_tokens=10_000_000)
     roomy = kv_bound.agents_bound(w8, n=6, seed=0)
@@ -199,7 +199,7 @@ def test_kv_bound_keeps_contexts_when_they_fit_and_drops_the_longest_waits_when_
 def test_simulation_bound_recomputes_what_outgrows_the_cache() -> None:
     from dataclasses import replace
 
-    from benchmarks.contenders import kv_bound
+    from langgraph_batch.bench.contenders import kv_bound
 
     w9 = replace(WORKLOADS["W9"], ticks=8)
     roomy = kv_bound.simulation_bound(replace(w9, kv_tokens=10_000_000), n=6, seed=0)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from benchmarks.demo_server import EMULATOR_HEADER, EMULATOR_ID
+from langgraph_batch.bench.demo_server import EMULATOR_HEADER, EMULATOR_ID
 
 ROOT = Path(__file__).resolve().parents[2]
 

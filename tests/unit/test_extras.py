@@ -38,6 +38,7 @@ async def go():
 asyncio.run(go())
 """
 DEMO = "from langgraph_batch.cli import main; raise SystemExit(main(['demo', '--n', '1']))"
+BENCH = "from langgraph_batch.cli import main; raise SystemExit(main(['bench', 'W1', '--n', '1']))"
 
 
 @pytest.mark.parametrize(
@@ -47,6 +48,8 @@ DEMO = "from langgraph_batch.cli import main; raise SystemExit(main(['demo', '--
         pytest.param("uvicorn", EMULATE, "emulator", "uvicorn", id="emulate-no-uvicorn"),
         pytest.param("uvicorn", SERVE, "emulator", "uvicorn", id="serve-no-uvicorn"),
         pytest.param("starlette", DEMO, "demo", "starlette", id="demo-no-emulator"),
+        pytest.param("matplotlib", BENCH, "bench", "matplotlib", id="bench-no-matplotlib"),
+        pytest.param("uvicorn", BENCH, "bench", "uvicorn", id="bench-no-emulator"),
         pytest.param(
             "prometheus_client",
             "import langgraph_batch.metrics",
@@ -61,9 +64,13 @@ def test_missing_extra_is_named(blocked: str, code: str, extra: str, names: str)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     # The emulator raises; the demo reports its failure on one line, naming the error.
-    assert last.startswith(("ImportError: ", "langgraph-batch demo failed: ImportError: ")), (
-        proc.stderr
-    )
+    assert last.startswith(
+        (
+            "ImportError: ",
+            "langgraph-batch demo failed: ImportError: ",
+            "langgraph-batch bench failed: ImportError: ",
+        )
+    ), proc.stderr
     assert f"pip install 'langgraph-batch[{extra}]'" in last
     assert names in last
     assert "ModuleNotFoundError" not in proc.stderr  # raised `from None`: no raw chain
@@ -86,3 +93,7 @@ def test_pyproject_defines_the_extras_the_messages_name() -> None:
     assert {"starlette", "uvicorn"} <= {d.split(">")[0] for d in extras["emulator"]}
     assert "langgraph-batch[emulator]" in extras["demo"]
     assert any(d.startswith("langchain-openai") for d in extras["demo"])
+    # The harness, from a wheel: its servers, the naive contenders' ChatOpenAI, the charts.
+    assert "langgraph-batch[emulator]" in extras["bench"]
+    for dist in ("langchain-openai", "matplotlib"):
+        assert any(d.startswith(dist) for d in extras["bench"]), dist

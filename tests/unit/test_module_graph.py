@@ -1,4 +1,4 @@
-"""The package's shape: no import cycles, modules of a readable size, the demo outside.
+"""The package's shape: no import cycles, modules of a readable size, the bench on top.
 
 Read statically (`ast`): every `import` of a `langgraph_batch` module, at
 module level or inside a function (a lazy import still ties two modules
@@ -93,28 +93,34 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
-def test_the_demo_is_an_application_outside_the_library() -> None:
-    # The demo is built from the benchmark's workload and contenders
-    # (benchmarks/demo.py): no module of the package is the demo, and only the
-    # CLI reaches into the checkout's `benchmarks` (lazily, to run demo/bench).
+def test_the_demo_and_the_bench_are_applications_on_top_of_the_library() -> None:
+    # `langgraph_batch.bench` (the benchmark harness and the demo built from its
+    # workload and contenders) uses the library; the library never imports it,
+    # except the CLI, lazily, to run `bench` and `demo`. Nothing in the package
+    # reaches into the source checkout's `benchmarks/` (results and scripts).
     modules = _modules()
-    assert not [name for name in modules if name.rpartition(".")[2].lstrip("_").startswith("demo")]
-    importers = set()
+    demos = [name for name in modules if name.rpartition(".")[2].lstrip("_").startswith("demo")]
+    assert demos
+    assert all(name.startswith("langgraph_batch.bench.") for name in demos), demos
+    graph = _graph()
+    importers = {
+        name
+        for name, deps in graph.items()
+        if not name.startswith("langgraph_batch.bench")
+        and any(
+            d == "langgraph_batch.bench" or d.startswith("langgraph_batch.bench.") for d in deps
+        )
+    }
+    assert importers == {"langgraph_batch.cli"}
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.ImportFrom)
-                and (node.module or "").split(".")[0] == "benchmarks"
-            ) or (
-                isinstance(node, ast.Import)
-                and any(a.name.split(".")[0] == "benchmarks" for a in node.names)
-            ):
-                importers.add(name)
-    assert importers == {"langgraph_batch.cli"}
-    demo = PACKAGE.parent / "benchmarks" / "demo.py"
-    text = demo.read_text()
-    for part in ("benchmarks.contenders", "benchmarks.workloads", "benchmarks.toolservice"):
-        assert part in text, part  # it reuses the benchmark's graph, contenders and tool
+            if isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] != "benchmarks", name
+            elif isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] != "benchmarks" for a in node.names), name
+    demo = graph["langgraph_batch.bench.demo"]
+    for part in ("contenders.lgb", "contenders.naive", "workloads", "toolservice"):
+        assert f"langgraph_batch.bench.{part}" in demo, part  # it reuses the benchmark's parts
 
 
 def test_modules_stay_readable() -> None:

@@ -183,3 +183,19 @@ def test_distributed_surface_and_errors() -> None:
             assert name in errors.__all__, name
             if obj.is_retryable:
                 assert not issubclass(obj, (TimeoutError, OSError, RuntimeError, ValueError))
+
+
+def test_record_surface() -> None:
+    from langgraph_batch import record
+
+    assert set(record.__all__) == {
+        "FORMAT",
+        "FORMAT_VERSION",
+        "LLMCall",
+        "Recorder",
+        "Recording",
+        "ToolRun",
+        "read_recording",
+    }
+    assert list(record.__all__) == sorted(record.__all__)
+    assert record.FORMAT_VERSION == 1

@@ -21,8 +21,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from benchmarks.toolservice import ToolServiceConfig, canonical_key, result_text
-from benchmarks.workloads import (
+from langgraph_batch.bench.toolservice import ToolServiceConfig, canonical_key, result_text
+from langgraph_batch.bench.workloads import (
     TOOL_SPECS,
     Workload,
     response_schema,
@@ -157,13 +157,6 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
     each compute it), so it assumes the prefix computed once, which only
     perfect prefix warming achieves; it stays a lower bound.
     """
-    if wl.simulation or wl.turns_range is not None:
-        # Long-horizon shapes whose contexts outgrow the KV cache: the KV-valid bound.
-        from benchmarks.contenders import kv_bound
-
-        if wl.simulation:
-            return kv_bound.simulation_bound(wl, n=n, seed=seed)
-        return kv_bound.agents_bound(wl, n=n, seed=seed)
     if wl.replicas > 1:
         per = math.ceil(n / wl.replicas)
         one = ideal(replace(wl, replicas=1), n=per, seed=seed)
@@ -174,7 +167,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
             "siblings_per_replica": per,
             "note": (
                 f"lower bound from the emulator cost model: {per} siblings on each of "
-                f"{wl.replicas} replicas, perfect affinity (benchmarks/contenders/ideal.py)"
+                f"{wl.replicas} replicas, perfect affinity (bench/contenders/ideal.py)"
             ),
         }
     from langgraph_batch.emulator.costs import get_profile
@@ -268,5 +261,5 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "steps": steps,
         "max_concurrent_decodes": max_decodes,
         "profile": profile.name,
-        "note": "lower bound from the emulator cost model (benchmarks/contenders/ideal.py)",
+        "note": "lower bound from the emulator cost model (bench/contenders/ideal.py)",
     }

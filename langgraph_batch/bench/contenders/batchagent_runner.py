@@ -1,6 +1,7 @@
 """Contender `batchagent`: the BatchAgent SDK (batch-agent==0.2.0), the prior art.
 
-Runs inside its own virtual environment (benchmarks/.venv-batchagent), so this
+Runs inside its own virtual environment (`benchmarks/.venv-batchagent` in a
+checkout, else under the user's cache directory: `_paths.batchagent_venv`), so this
 module imports only the standard library, batch_agent and httpx. It calls
 `BatchAgent.run(runtime=OpenAIBackend(api_key="x", base_url=...), ...,
 max_turns=<turns>, max_inflight=32)` as WORKLOADS.md prescribes; its tools
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
+from langgraph_batch.bench.contenders._common import RECORDER, emit, read_job, run_measured
 
 
 def main() -> None:
@@ -62,7 +63,7 @@ def main() -> None:
 
         fn = _factory()
         # BatchAgent builds the tool schema from the signature: give it one argument.
-        fn.__signature__ = _signature(arg)  # type: ignore[attr-defined]
+        fn.__signature__ = _signature(arg)
         fn.__annotations__ = {arg: str, "return": str}
         fn.__doc__ = spec["description"]
         tools.append(Tool.define(fn, name=spec["name"]))

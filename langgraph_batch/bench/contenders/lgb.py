@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from benchmarks.contenders._common import emit, read_job, run_measured
+from langgraph_batch.bench.contenders._common import emit, read_job, run_measured
 
 
 class LgbState(TypedDict, total=False):
@@ -30,8 +30,8 @@ def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
     through `backend_from_url`. `answer=True`: the forced answer turn's model
     (None when shapes are not forced); it shares the scheduler of the other.
     """
-    from benchmarks.contenders._graph import forced_answer_options
     from langgraph_batch.backends import backend_from_url
+    from langgraph_batch.bench.contenders._graph import forced_answer_options
     from langgraph_batch.chat_model import BatchedChatModel
 
     extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
@@ -54,7 +54,7 @@ def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
         options["backend"] = backend_from_url(url, routing=job["routing"], timeout=600.0)
     else:
         options["base_url"] = url
-    return BatchedChatModel(  # type: ignore[call-arg]  # pydantic fields mypy sees as aliases
+    return BatchedChatModel(
         model=job["model"],
         temperature=0.0,
         max_tokens=max_tokens,
@@ -67,7 +67,11 @@ def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = Non
     """Parent graph with one fan_out node over the tasks."""
     from langgraph.graph import END, START, StateGraph
 
-    from benchmarks.contenders._graph import build_agent, initial_messages, record_tool_call
+    from langgraph_batch.bench.contenders._graph import (
+        build_agent,
+        initial_messages,
+        record_tool_call,
+    )
     from langgraph_batch.nodes.fan_out import fan_out
     from langgraph_batch.tools import BatchToolNode
 
@@ -102,8 +106,13 @@ def _no_tools() -> Any:
 
 def main() -> None:
     job = read_job()
-    from benchmarks.contenders._common import RECORDER
-    from benchmarks.contenders._graph import bind, bind_answer, make_http_client, make_tools
+    from langgraph_batch.bench.contenders._common import RECORDER
+    from langgraph_batch.bench.contenders._graph import (
+        bind,
+        bind_answer,
+        make_http_client,
+        make_tools,
+    )
     from langgraph_batch.nodes.fan_out import SiblingError
     from langgraph_batch.tools import coalesce
 

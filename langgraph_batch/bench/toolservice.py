@@ -11,7 +11,7 @@ Endpoints:
 - `POST /reset` zeroes the counters.
 - `GET /health`.
 
-Run: `python -m benchmarks.toolservice --port 8123 --config '{"latency_s": 0.8}'`.
+Run: `python -m langgraph_batch.bench.toolservice --port 8123 --config '{"latency_s": 0.8}'`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -29,12 +28,11 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+from langgraph_batch.bench._paths import child_env
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +54,11 @@ class ToolServiceConfig:
     """If set, each distinct key's result is sized (seeded, log-uniform in the range) in
     emulator tokens instead of `result_words` words."""
     seed: int = 0
+    latency_table: dict[str, float] | None = None
+    """Per-call latencies by canonical key (a replayed job's, `bench --replay`); wins over
+    the others for the keys it lists."""
+    result_tokens_table: dict[str, int] | None = None
+    """Per-call result sizes in emulator tokens by canonical key (a replayed job's)."""
 
     def _draw(self, what: str, key: str) -> float:
         """A uniform draw in [0, 1) fixed by the seed, `what` and the call's key."""
@@ -64,6 +67,8 @@ class ToolServiceConfig:
 
     def latency_for(self, key: str) -> float:
         """Latency of one call with canonical key `key`."""
+        if self.latency_table and key in self.latency_table:
+            return float(self.latency_table[key])
         if self.latency_mix:
             pick = self._draw("mix:", key) * sum(w for w, _, _ in self.latency_mix)
             lo, hi = self.latency_mix[-1][1:]
@@ -80,6 +85,8 @@ class ToolServiceConfig:
 
     def result_for(self, key: str) -> str:
         """The result text of one call with canonical key `key`."""
+        if self.result_tokens_table and key in self.result_tokens_table:
+            return result_text_tokens(key, int(self.result_tokens_table[key]))
         if self.result_tokens_range is None:
             return result_text(key, self.result_words)
         lo, hi = self.result_tokens_range
@@ -267,10 +274,9 @@ def tool_service(config: ToolServiceConfig) -> Iterator[str]:
     """Run the tool service in its own process; yields its base URL."""
     port = free_port()
     cfg = asdict(config)
-    cmd = [sys.executable, "-m", "benchmarks.toolservice", "--port", str(port)]
+    cmd = [sys.executable, "-m", "langgraph_batch.bench.toolservice", "--port", str(port)]
     cmd += ["--config", json.dumps(cfg)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT))
+    proc = subprocess.Popen(cmd, env=child_env())
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -296,7 +302,7 @@ def tool_service(config: ToolServiceConfig) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.toolservice")
+    parser = argparse.ArgumentParser(prog="python -m langgraph_batch.bench.toolservice")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--config", default="{}", help="ToolServiceConfig as JSON")

@@ -25,7 +25,7 @@ from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 
-from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
+from langgraph_batch.bench.contenders._common import RECORDER, emit, read_job, run_measured
 
 
 class SimState(TypedDict, total=False):
@@ -41,7 +41,7 @@ class SimState(TypedDict, total=False):
 
 
 def _observe(job: dict[str, Any], index: int, tick: int) -> str:
-    from benchmarks.workloads import WORKLOADS, observation
+    from langgraph_batch.bench.workloads import WORKLOADS, observation
 
     if index < 0 or job["workload"] not in WORKLOADS:  # the warm-up's one agent
         return f"Tick {tick}. Nothing happens."
@@ -174,11 +174,11 @@ def main() -> None:
     job = read_job()
     lgb = job["contender"] == "langgraph-batch"
     if lgb:
-        from benchmarks.contenders.lgb import make_llm as make_lgb_llm
+        from langgraph_batch.bench.contenders.lgb import make_llm as make_lgb_llm
 
         llm = make_lgb_llm(job)
     else:
-        from benchmarks.contenders.naive import make_llm as make_naive_llm
+        from langgraph_batch.bench.contenders.naive import make_llm as make_naive_llm
 
         llm = make_naive_llm(job)
 

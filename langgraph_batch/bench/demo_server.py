@@ -1,4 +1,4 @@
-"""The server the demo (`benchmarks/demo.py`) talks to: found from a URL, probed, labelled.
+"""The server the demo (`langgraph_batch.bench.demo`) talks to: found from a URL, probed, labelled.
 
 Any URL `backend_from_url` accepts works: the batched run uses it as given,
 the plain-LangGraph baseline (ChatOpenAI) and the probes use the first
@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from benchmarks.workloads import WORKLOADS, emulator_settings
+from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings
 
 __all__ = (
     "EMULATOR_HEADER",

@@ -15,8 +15,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
-from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
-from benchmarks.contenders._graph import (
+from langgraph_batch.bench.contenders._common import RECORDER, emit, read_job, run_measured
+from langgraph_batch.bench.contenders._graph import (
     ParentState,
     build_agent,
     initial_messages,
@@ -62,7 +62,7 @@ def make_llm(job: dict[str, Any], url: str | None = None, *, answer: bool = Fals
     """
     from langchain_openai import ChatOpenAI
 
-    from benchmarks.contenders._graph import forced_answer_options
+    from langgraph_batch.bench.contenders._graph import forced_answer_options
 
     extra = {"emulator": job["emulator_options"]} if job.get("emulator_options") else None
     max_tokens = job["max_tokens"]
@@ -101,7 +101,12 @@ def round_robin(llms: list[Any]) -> Any:
 
 def main() -> None:
     job = read_job()
-    from benchmarks.contenders._graph import bind, bind_answer, make_http_client, make_tools
+    from langgraph_batch.bench.contenders._graph import (
+        bind,
+        bind_answer,
+        make_http_client,
+        make_tools,
+    )
 
     client = make_http_client()
 

@@ -13,7 +13,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from benchmarks.toolservice import ToolServiceConfig
+from langgraph_batch.bench.toolservice import ToolServiceConfig
 from langgraph_batch.emulator.tokenizer import count_tokens
 
 # Words of at most four letters: each is exactly one token with its leading space.

@@ -1,6 +1,6 @@
 """A lower bound on makespan that respects the server's KV capacity (W3, W8, W9).
 
-`ideal` (benchmarks/contenders/ideal.py) assumes every sibling's context stays
+`ideal` (`ideal.py`) assumes every sibling's context stays
 resident between its turns. When the live contexts do not fit the KV cache
 together that schedule does not exist, so it is no bound there. This one lets
 a schedule do what a real one may: keep a context resident while its sibling
@@ -53,9 +53,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.contenders.ideal import MAX_BATCHED_TOKENS, openai_tools, work_bound
-from benchmarks.toolservice import canonical_key
-from benchmarks.workloads import (
+from langgraph_batch.bench.contenders.ideal import MAX_BATCHED_TOKENS, openai_tools, work_bound
+from langgraph_batch.bench.toolservice import canonical_key
+from langgraph_batch.bench.workloads import (
     Workload,
     observation,
     response_schema,
@@ -297,7 +297,7 @@ def agents_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "note": (
             "KV-valid lower bound from the emulator cost model: a schedule may keep a "
             "context through a tool wait or recompute it, never exceed the KV capacity "
-            "(benchmarks/contenders/kv_bound.py)"
+            "(bench/contenders/kv_bound.py)"
         ),
     }
 
@@ -379,6 +379,6 @@ def simulation_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "note": (
             "KV-valid lower bound from the emulator cost model: ticks are barriers, and a "
             "tick recomputes at least the memories that do not fit the KV cache "
-            "(benchmarks/contenders/kv_bound.py)"
+            "(bench/contenders/kv_bound.py)"
         ),
     }

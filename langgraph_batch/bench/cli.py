@@ -1,10 +1,14 @@
 """`langgraph-batch bench <W1|...|W9|all> [--n N] [--contenders a,b] [--time-scale X] ...`.
 
+`langgraph-batch bench --replay FILE [--server URL --model M]` replays a job
+recorded with `langgraph_batch.record.Recorder` instead (`replay_run`).
+
 For each workload: start the emulator (one process per replica: W4 has 4),
 or use a live server (`--server vllm://host:port --model NAME`), and the tool
 service in their own processes, then run every contender one after another,
 each in its own fresh process, against the same servers, and write
-`<out>/<workload>.json`, `.md` and `.png` (see `benchmarks.harness`).
+`<out>/<workload>.json`, `.md` and `.png` (see `langgraph_batch.bench.harness`).
+The harness needs the `bench` extra: `pip install 'langgraph-batch[bench]'`.
 """
 
 from __future__ import annotations
@@ -19,15 +23,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
-from benchmarks.harness import (
+from langgraph_batch.bench import report
+from langgraph_batch.bench._paths import default_out
+from langgraph_batch.bench.harness import (
     SINGLE_TURN_CONTENDERS,
     log,
     run_workload,
 )
-from benchmarks.live import ServerTarget
-from benchmarks.toolservice import ROOT
-from benchmarks.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
+from langgraph_batch.bench.live import ServerTarget
+from langgraph_batch.bench.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
 
 ALL_CONTENDERS = (
     "naive",
@@ -62,9 +66,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="langgraph-batch bench",
         description="Run benchmark workloads on the emulated server or a live one "
-        "(see benchmarks/README.md).",
+        "(see benchmarks/README.md in the repository).",
     )
-    parser.add_argument("workload", choices=[*WORKLOADS, "all"], help="which workload to run")
+    parser.add_argument(
+        "workload", nargs="?", choices=[*WORKLOADS, "all"], help="which workload to run"
+    )
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay a job recorded with langgraph_batch.record.Recorder (JSON Lines) "
+        "instead of a workload",
+    )
     parser.add_argument("--n", type=int, default=None, help="siblings (default: the workload's)")
     parser.add_argument(
         "--contenders",
@@ -92,7 +106,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--model", default=None, help="the live server's model name (--server)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results directory (default: benchmarks/results in a source checkout, "
+        "else ./bench-results)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds allowed per contender run"
     )
@@ -109,7 +129,30 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="diagnostics: a BatchedChatModel option for the langgraph-batch contender "
         "(recorded in params; reported runs use none)",
     )
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(list(argv))
+    if args.out is None:
+        args.out = default_out()
+    return args
+
+
+#: What the harness imports beyond the library's own dependencies (the `bench` extra):
+#: the emulator and the tool service (HTTP servers), the naive contenders, the charts.
+BENCH_MODULES = ("starlette", "uvicorn", "langchain_openai", "matplotlib")
+
+
+def missing_modules() -> list[str]:
+    """The modules of `BENCH_MODULES` that cannot be imported here (found, not imported)."""
+    import importlib.util
+
+    out = []
+    for name in BENCH_MODULES:
+        try:
+            missing = importlib.util.find_spec(name) is None
+        except ValueError:  # in sys.modules as None: blocked, as if not installed
+            missing = True
+        if missing:
+            out.append(name)
+    return out
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -122,6 +165,18 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    missing = missing_modules()
+    if missing:
+        from langgraph_batch._extras import missing_extra
+
+        err = missing_extra("bench", "langgraph-batch bench needs " + ", ".join(missing))
+        sys.stderr.write(f"langgraph-batch bench failed: ImportError: {err}\n")
+        return 2
+    if (args.workload is None) == (args.replay is None):
+        log("name a workload or --replay FILE (one of them)")
+        return 2
+    if args.replay is not None:
+        return _replay(args)
     ids = list(WORKLOADS) if args.workload == "all" else [args.workload]
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")
@@ -188,6 +243,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / "SUMMARY.md").write_text(summary)
     log(f"done in {time.monotonic() - t_start:.0f} s")
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """`bench --replay FILE`: every replay contender on the recorded job's shape."""
+    from langgraph_batch.bench.replay_run import REPLAY_CONTENDERS, markdown, run_replay, write
+
+    if args.n is not None or args.replicas is not None:
+        log("--n and --replicas do not apply to --replay (the recording sets the shape)")
+        return 2
+    chosen = list(REPLAY_CONTENDERS)
+    if args.contenders:
+        chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+        unknown = [c for c in chosen if c not in REPLAY_CONTENDERS and not _bounded(c)]
+        if unknown:
+            log(f"replay: unknown contender(s) {unknown}; choose from "
+                f"{', '.join(REPLAY_CONTENDERS)} or naive-bounded-<k>")  # fmt: skip
+            return 2
+    target: ServerTarget | None = None
+    if args.server is not None or args.model is not None:
+        if args.time_scale is not None:
+            log("--time-scale applies to the emulator only, not to --server")
+            return 2
+        try:
+            target = ServerTarget.parse(args.server or "", args.model or "")
+        except ValueError as exc:
+            log(str(exc))
+            return 2
+    try:
+        result = run_replay(
+            args.replay,
+            contenders=chosen,
+            time_scale=args.time_scale or 1.0,
+            seed=args.seed,
+            timeout=args.timeout,
+            target=target,
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        log(f"replay: {exc}")
+        return 1
+    paths = write(result, args.out)
+    sys.stdout.write(markdown(result))
+    log(f"replay: wrote {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
+def _bounded(contender: str) -> bool:
+    try:
+        return bounded_concurrency(contender) is not None
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.contenders._common import WARMUP_KEY
+from langgraph_batch.bench.contenders._common import WARMUP_KEY
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -136,7 +136,7 @@ def combine_live(
     client: Mapping[str, Any], delta: Mapping[str, float], tools: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One contender's entry from a live server's `/metrics` delta (times: wall seconds)."""
-    from benchmarks.live import server_figures
+    from langgraph_batch.bench.live import server_figures
 
     tools = tool_delta(tools, client.get("baseline_tools") or {})
     server = server_figures(delta) | {

@@ -32,10 +32,11 @@ from typing import Any
 
 import httpx
 
-from benchmarks import live, metrics, report, timeline
-from benchmarks.contenders._common import RESULT_PREFIX, sum_stats
-from benchmarks.toolservice import ROOT, tool_service
-from benchmarks.workloads import (
+from langgraph_batch.bench import live, metrics, report, timeline
+from langgraph_batch.bench._paths import batchagent_venv, checkout_root, child_env, package_parent
+from langgraph_batch.bench.contenders._common import RESULT_PREFIX, sum_stats
+from langgraph_batch.bench.toolservice import tool_service
+from langgraph_batch.bench.workloads import (
     SINGLE_TURN,
     WORKLOADS,
     Workload,
@@ -52,14 +53,14 @@ from benchmarks.workloads import (
 logger = logging.getLogger(__name__)
 
 MODULES = {
-    "naive": "benchmarks.contenders.naive",
-    "naive-bounded": "benchmarks.contenders.naive",
-    "langgraph-batch": "benchmarks.contenders.lgb",
-    "langgraph-batch-rr": "benchmarks.contenders.lgb",
-    "batchagent": "benchmarks.contenders.batchagent_runner",
+    "naive": "langgraph_batch.bench.contenders.naive",
+    "naive-bounded": "langgraph_batch.bench.contenders.naive",
+    "langgraph-batch": "langgraph_batch.bench.contenders.lgb",
+    "langgraph-batch-rr": "langgraph_batch.bench.contenders.lgb",
+    "batchagent": "langgraph_batch.bench.contenders.batchagent_runner",
 }
-SINGLE_TURN_MODULE = "benchmarks.contenders.single"
-SIMULATION_MODULE = "benchmarks.contenders.simulation"
+SINGLE_TURN_MODULE = "langgraph_batch.bench.contenders.single"
+SIMULATION_MODULE = "langgraph_batch.bench.contenders.simulation"
 SINGLE_TURN_CONTENDERS = (
     "abatch-bounded",
     "abatch",
@@ -67,10 +68,23 @@ SINGLE_TURN_CONTENDERS = (
     "langgraph-batch-fan-out",
     "langgraph-batch-nobatch",
 )
-BATCHAGENT_VENV = ROOT / "benchmarks" / ".venv-batchagent"
 BATCHAGENT_SPEC = "batch-agent==0.2.0"
 MODEL = "emulated-llama-3-8b"
 LAG_WARN_S = 0.5
+# The batchagent venv has no LangGraph, and `langgraph_batch/__init__.py` imports
+# it: register the packages down to `contenders` (their directory is argv[1]:
+# a PYTHONPATH could put the bench's own site-packages ahead of that venv's)
+# without running their `__init__`s, then run the stdlib-only runner as `__main__`.
+_STDLIB_RUNNER = (
+    "import runpy, sys, types\n"
+    "base = sys.argv.pop(1) + '/langgraph_batch'\n"
+    "for name, sub in (('langgraph_batch', ''), ('langgraph_batch.bench', '/bench'),\n"
+    "                  ('langgraph_batch.bench.contenders', '/bench/contenders')):\n"
+    "    mod = types.ModuleType(name)\n"
+    "    mod.__path__ = [base + sub]\n"
+    "    sys.modules[name] = mod\n"
+    "runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)\n"
+)
 
 
 def log(msg: str) -> None:
@@ -84,13 +98,14 @@ def batchagent_python() -> Path:
     Raises:
         RuntimeError: if the venv cannot be created or batch-agent not installed.
     """
-    py = BATCHAGENT_VENV / "bin" / "python"
+    venv = batchagent_venv()
+    py = venv / "bin" / "python"
     check = [str(py), "-c", "import batch_agent"]
     if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return py
-    log(f"creating {BATCHAGENT_VENV} with {BATCHAGENT_SPEC} (first run only)")
+    log(f"creating {venv} with {BATCHAGENT_SPEC} (first run only)")
     steps = [
-        [sys.executable, "-m", "venv", str(BATCHAGENT_VENV)],
+        [sys.executable, "-m", "venv", str(venv)],
         [str(py), "-m", "pip", "install", "-q", BATCHAGENT_SPEC],
     ]
     # The main venv may itself have been created without pip in its base python.
@@ -116,24 +131,41 @@ def versions() -> dict[str, Any]:
             out[dist] = None
     out["batch-agent"] = BATCHAGENT_SPEC.split("==")[1]
     out["cpu_count"] = os.cpu_count()
-    try:
-        out["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        out["git_commit"] = None
+    root = checkout_root()
+    out["installed"] = root is None
+    out["git_commit"] = None  # an installed package has no checkout to ask
+    if root is not None:
+        try:
+            proc = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=root,
+                check=False,
+            )
+            out["git_commit"] = proc.stdout.strip() or None
+        except OSError:  # no git
+            pass
     return out
+
+
+def lower_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
+    """The `ideal` contender: the KV-valid bound for long-horizon shapes, else `ideal.ideal`."""
+    from langgraph_batch.bench.contenders import ideal, kv_bound
+
+    if wl.simulation:
+        return kv_bound.simulation_bound(wl, n=n, seed=seed)
+    if wl.turns_range is not None:
+        # Long-horizon shapes whose contexts outgrow the KV cache: the KV-valid bound.
+        return kv_bound.agents_bound(wl, n=n, seed=seed)
+    return ideal.ideal(wl, n=n, seed=seed)
 
 
 def module_for(workload: str, name: str) -> str:
     """The module a contender of `workload` runs."""
     if workload in SINGLE_TURN:
         return SINGLE_TURN_MODULE
-    if WORKLOADS[workload].simulation:
+    if workload in WORKLOADS and WORKLOADS[workload].simulation:  # a replay: agents
         return SIMULATION_MODULE
     if bounded_concurrency(name) is not None:
         return MODULES["naive"]
@@ -165,13 +197,16 @@ def run_contender(
             python = batchagent_python()
         except RuntimeError as exc:
             return None, str(exc), []
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env()
     env.setdefault("LANGSMITH_TRACING", "false")
     cmd = [str(python), "-m", module_for(job["workload"], name)]
+    if name == "batchagent":
+        env.pop("PYTHONPATH")
+        cmd = [str(python), "-c", _STDLIB_RUNNER, str(package_parent()), cmd[-1]]
     trace: list[list[float]] = []
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, env=env, cwd=ROOT
+            cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, env=env
         )
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(job))
@@ -311,7 +346,6 @@ def run_workload(
             wl, n=n, contenders=contenders, seed=seed, timeout=timeout, target=target,
             lgb_options=lgb_options,
         )  # fmt: skip
-    from benchmarks.contenders import ideal
     from langgraph_batch.emulator.config import EmulatorConfig
     from langgraph_batch.emulator.process import EmulatorProcess
 
@@ -340,7 +374,7 @@ def run_workload(
         tool_url = stack.enter_context(tool_service(tool_config(wl, time_scale, seed)))
         for name in contenders:
             if name == "ideal":
-                results[name] = ideal.ideal(wl, n=n, seed=seed)
+                results[name] = lower_bound(wl, n=n, seed=seed)
                 log(f"{wl.id}: ideal makespan {results[name]['makespan_s']:.2f} s (emulated)")
                 continue
             for url in urls:
@@ -453,7 +487,6 @@ def _run_live(
     target: live.ServerTarget,
     lgb_options: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    from benchmarks.contenders import ideal
 
     if wl.replicas > 1:
         raise ValueError(f"{wl.id} needs {wl.replicas} replicas: run it on the emulator")
@@ -477,7 +510,7 @@ def _run_live(
         tool_url = stack.enter_context(tool_service(tool_config(wl, 1.0, seed)))
         for name in contenders:
             if name == "ideal":
-                entry = ideal.ideal(wl, n=n, seed=seed)
+                entry = lower_bound(wl, n=n, seed=seed)
                 entry["note"] += (
                     f"; the {wl.profile} cost model, not {target.url}: a reference only"
                 )

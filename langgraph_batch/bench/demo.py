@@ -1,14 +1,14 @@
 """`langgraph-batch demo` (`make demo`): the benchmark's W1 job, batched, then the plain way.
 
 An application built from the benchmark's parts, not library code: the job
-is W1 (`benchmarks.workloads`: N research agents sharing a 2,048-token
+is W1 (`workloads`: N research agents sharing a 2,048-token
 system prompt, each calling a `web_search` tool whose queries repeat across
 siblings, then answering in JSON) scaled to `--n`; the tool is the
-benchmark's tool service (`benchmarks.toolservice`: 800 ms, at most 10 calls
+benchmark's tool service (`toolservice`: 800 ms, at most 10 calls
 at once, executions counted); the two runs are the benchmark's contenders,
-built by their own code: `langgraph-batch` (`benchmarks.contenders.lgb`:
+built by their own code: `langgraph-batch` (`contenders.lgb`:
 `fan_out` + `BatchedChatModel` + a coalesced tool) and `naive`
-(`benchmarks.contenders.naive`: `Send` + `ChatOpenAI` + `ToolNode`, no
+(`contenders.naive`: `Send` + `ChatOpenAI` + `ToolNode`, no
 limits). The demo adds what a first look needs: a live progress bar, a short
 per-sibling summary, the scheduler's statistics, a side-by-side.
 
@@ -21,7 +21,8 @@ that is really the emulator says so in its `/version` answer, and is labelled
 EMULATED however it was reached. A baseline that fails is reported as
 failed, never as a speed-up.
 
-Runs from a source checkout (the benchmarks are not in the wheel).
+Needs the `demo` extra (`pip install 'langgraph-batch[demo]'`): the emulator, the
+tool service and ChatOpenAI.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from typing import Any
 
 import httpx
 
-from benchmarks.contenders import lgb, naive
-from benchmarks.contenders._common import RECORDER, warmup_job
-from benchmarks.contenders._graph import bind, make_http_client, make_tools
-from benchmarks.demo_server import (
+from langgraph_batch.bench.contenders import lgb, naive
+from langgraph_batch.bench.contenders._common import RECORDER, warmup_job
+from langgraph_batch.bench.contenders._graph import bind, make_http_client, make_tools
+from langgraph_batch.bench.demo_server import (
     W1,
     DemoError,
     Server,
@@ -51,8 +52,8 @@ from benchmarks.demo_server import (
     reset_server,
     server_stats,
 )
-from benchmarks.toolservice import tool_service
-from benchmarks.workloads import make_job, tool_config
+from langgraph_batch.bench.toolservice import tool_service
+from langgraph_batch.bench.workloads import make_job, tool_config
 
 __all__ = ("main",)
 

@@ -15,6 +15,11 @@ has `tool_choice="none"`, `max_tokens` = the workload's answer length and
 
 Every sibling's timeline goes to `RECORDER.events`: `start`, each model
 call's `llm_start`/`llm_end`, each tool call's `tool_start`/`tool_end`.
+
+Replays (`langgraph-batch bench --replay`, `job["replay_calls"]`): each
+model call of sibling i's turn k is bound to that call's recorded output
+length (`max_tokens` + `ignore_eos`, which any vLLM honours), and with
+forced shapes the plan, not a turn count, says which call is the answer.
 """
 
 from __future__ import annotations
@@ -39,7 +44,11 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import tools_condition
 from pydantic import BaseModel, Field, create_model
 
-from benchmarks.contenders._common import RECORDER
+from langgraph_batch.bench.contenders._common import RECORDER
+
+REPLAY_CALLS: dict[int, list[dict[str, Any]]] = {}
+"""The run's per-call plan of a replay (`bind` sets it from the job; empty otherwise):
+sibling -> one `{"max_tokens": int, "answer": bool}` per model call."""
 
 
 class AgentState(TypedDict, total=False):
@@ -79,9 +88,8 @@ def make_tools(job: dict[str, Any], client: httpx.AsyncClient) -> list[BaseTool]
         arg: str = spec["arg"]
         url = f"{job['tool_url']}/tools/{name}"
         kind: Any = Literal[tuple(keys)] if keys else str  # an enum of the keys when forced
-        schema: type[BaseModel] = create_model(
-            f"{name}_args", **{arg: (kind, Field(description=spec.get("arg_description", arg)))}
-        )
+        fields: dict[str, Any] = {arg: (kind, Field(description=spec.get("arg_description", arg)))}
+        schema: type[BaseModel] = create_model(f"{name}_args", **fields)
 
         def _factory(url: str = url) -> Callable[..., Any]:
             async def call(**kwargs: Any) -> str:
@@ -153,8 +161,16 @@ def build_agent(
             RECORDER.event(index, "start")
         own = turns if isinstance(turns, int) else turns[index]
         answering = answer_llm is not None and tool_results >= own - 1
+        chosen = answer_llm if answering else llm
+        plan = REPLAY_CALLS.get(index)
+        turn = sum(1 for m in messages if isinstance(m, AIMessage))
+        if plan is not None and turn < len(plan):
+            call = plan[turn]
+            if answer_llm is not None:
+                chosen = answer_llm if call["answer"] else llm
+            chosen = chosen.bind(max_tokens=call["max_tokens"], extra_body={"ignore_eos": True})
         RECORDER.event(index, "llm_start")
-        msg = await (answer_llm if answering else llm).ainvoke(messages)
+        msg = await chosen.ainvoke(messages)
         RECORDER.event(index, "llm_end")
         RECORDER.llm_calls += 1
         calls = getattr(msg, "tool_calls", None) or []
@@ -171,7 +187,7 @@ def build_agent(
         return {"answer": text}
 
     def route(state: AgentState) -> str:
-        return "tools" if tools_condition(state) == "tools" else "finish"
+        return "tools" if tools_condition(dict(state)) == "tools" else "finish"
 
     g = StateGraph(AgentState)
     g.add_node("model", model)
@@ -188,7 +204,10 @@ def bind(llm: BaseChatModel, tools: Sequence[BaseTool], job: dict[str, Any]) -> 
     """Bind the tools (and the final answer's JSON schema, as a user would).
 
     Forced shapes: the tools with the first one named in `tool_choice`.
+    A replay's per-call plan is taken from the job here (see `REPLAY_CALLS`).
     """
+    REPLAY_CALLS.clear()
+    REPLAY_CALLS.update(enumerate(job.get("replay_calls") or []))
     if job.get("forced_shapes") and tools:
         return llm.bind_tools(list(tools), tool_choice=tools[0].name)
     schema = job.get("response_schema")

@@ -26,7 +26,7 @@ from uuid import UUID
 from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
-from benchmarks.contenders._common import RECORDER, emit, read_job, run_measured
+from langgraph_batch.bench.contenders._common import RECORDER, emit, read_job, run_measured
 
 BOUNDED_CONCURRENCY = 64
 

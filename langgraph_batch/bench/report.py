@@ -328,7 +328,7 @@ def server_line(params: Mapping[str, Any]) -> str:
 
 
 def breakdown_markdown(contenders: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The mean sibling's time by phase, per contender (see `benchmarks.timeline`)."""
+    """The mean sibling's time by phase, per contender (see `langgraph_batch.bench.timeline`)."""
     rows = [(n, e["breakdown"]) for n, e in contenders.items() if e.get("breakdown")]
     if not rows:
         return []

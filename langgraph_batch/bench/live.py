@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.contenders._common import parse_metrics
-from benchmarks.workloads import filler
+from langgraph_batch.bench.contenders._common import parse_metrics
+from langgraph_batch.bench.workloads import filler
 
 __all__ = ("ServerTarget", "Sizer", "identify", "metrics", "metrics_delta", "run_nonce")
 

@@ -1,0 +1,263 @@
+"""`langgraph-batch bench --replay FILE`: run a recorded job's shape with every contender.
+
+The emulator (or `--server URL`) and the tool service run in their own
+processes, as for a workload (`harness`); each contender runs the replay
+job (`replay.make_replay_job`) in its own process after a reset; the
+`ideal` entry is the replay's resident bound. The results hold, beside each
+contender's usual entry, `recorded` (the recorded run's figures, measured
+the same way) and `fidelity`: each contender's replayed figure over the
+recorded one, for the token counts, cache hits, tool waits and makespan.
+Written as `<out>/replay.json` and `<out>/replay.md`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from langgraph_batch.bench import live, metrics, replay
+from langgraph_batch.bench.harness import (
+    MODEL,
+    _finish_entry,
+    log,
+    request_phases,
+    run_contender,
+    versions,
+)
+from langgraph_batch.bench.report import dumps
+from langgraph_batch.bench.toolservice import tool_service
+from langgraph_batch.record import read_recording
+
+__all__ = ("REPLAY_CONTENDERS", "compare", "markdown", "run_replay", "write")
+
+REPLAY_CONTENDERS = ("naive", "naive-bounded", "langgraph-batch", "ideal")
+PROFILE = "h100-llama3-8b"
+COMPARED = (
+    "llm_requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "cache_hit_rate",
+    "generation_tokens",
+    "tool_calls_requested",
+    "tool_wait_mean_s",
+    "makespan_s",
+)
+
+
+def _waits(timeline: Mapping[str, Sequence[Sequence[Any]]]) -> list[float]:
+    out: list[float] = []
+    for events in timeline.values():
+        last_end: float | None = None
+        for t, what in events:
+            if what == "llm_end":
+                last_end = t
+            elif what == "llm_start" and last_end is not None:
+                out.append(t - last_end)
+                last_end = None
+    return out
+
+
+def compare(recorded: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Replayed over recorded, per figure of `COMPARED` (None where either is unknown)."""
+    out: dict[str, Any] = {}
+    for key in COMPARED:
+        a, b = entry.get(key), recorded.get(key)
+        ok = isinstance(a, int | float) and isinstance(b, int | float) and b
+        out[key] = round(a / b, 4) if ok else None  # type: ignore[operator]
+    return out
+
+
+def _entry_waits(entry: dict[str, Any]) -> None:
+    waits = _waits(entry.get("timeline") or {})
+    entry["tool_wait_mean_s"] = statistics.fmean(waits) if waits else None
+    entry["tool_wait_total_s"] = sum(waits)
+
+
+def run_replay(
+    path: Path,
+    *,
+    contenders: Sequence[str] = REPLAY_CONTENDERS,
+    time_scale: float = 1.0,
+    seed: int = 0,
+    timeout: float = 600.0,
+    target: live.ServerTarget | None = None,
+) -> dict[str, Any]:
+    """Replay the recording at `path` with `contenders`; returns the results dict.
+
+    Raises:
+        ValueError: the file is not a recording this library can replay.
+        RuntimeError: a live server does not answer or lacks the model.
+    """
+    from langgraph_batch.emulator.config import EmulatorConfig
+    from langgraph_batch.emulator.process import EmulatorProcess
+
+    recording = read_recording(path)
+    rp = replay.plan(recording)
+    syn = replay.synthesize(rp, seed=seed)
+    scale = 1.0 if target is not None else time_scale
+    n = len(rp.siblings)
+    longest = max(p + c["max_tokens"] for ps, cs in zip(syn.prompts, syn.calls, strict=True)
+                  for p, c in zip(ps, cs, strict=False))  # fmt: skip
+    log(
+        f"replay of {path}: {n} siblings, {rp.recorded['llm_requests']} model calls, "
+        f"{rp.recorded['tool_calls_requested']} tool calls; contenders {', '.join(contenders)}"
+    )
+    results: dict[str, Any] = {}
+    warnings = list(rp.warnings) + syn.deviations[:20]
+    with ExitStack() as stack:
+        if target is None:
+            cfg = EmulatorConfig(
+                host="127.0.0.1",
+                port=0,
+                profile=PROFILE,
+                scenario="agent",
+                time_scale=scale,
+                model=MODEL,
+                seed=seed,
+                turns=2,
+                max_model_len=max(32_768, longest + 1024),
+            )
+            llm_url = stack.enter_context(EmulatorProcess(cfg)).url
+            server: dict[str, Any] = {"url": llm_url, "emulator": True, "profile": PROFILE}
+            model, live_opts, prompts = MODEL, None, None
+        else:
+            server = live.identify(target) | {"live": True}
+            llm_url, model = target.base_url, target.model
+            live_opts = {"flavor": target.flavor, "lgb_url": target.lgb_url}
+            sizer = live.Sizer(target)
+            prompts = replay.live_texts(syn, rp, sizer, live.run_nonce())
+            server["prompt_sizing"] = sizer.method
+        tool_url = stack.enter_context(tool_service(replay.tool_config(syn, scale, seed)))
+        for name in contenders:
+            if name == "ideal":
+                results[name] = replay.resident_bound(rp, syn, profile_name=PROFILE)
+                continue
+            if target is None:
+                metrics.reset_emulator(llm_url)
+            elif prompts is not None:  # a fresh prefix per contender: no reuse of another's cache
+                nonce_end = prompts[0].index(".") + 1
+                prompts = (live.run_nonce() + prompts[0][nonce_end:], prompts[1])
+            metrics.reset_tools(tool_url)
+            job = replay.make_replay_job(
+                rp, syn, llm_url=llm_url, tool_url=tool_url, model=model, contender=name,
+                live=live_opts, prompts=prompts,
+            )  # fmt: skip
+            t0 = time.monotonic()
+            client, error, _ = run_contender(name, job, timeout=timeout)
+            if client is None:
+                log(f"replay: {name} FAILED: {error}")
+                results[name] = {"error": error}
+                continue
+            after = live.metrics(llm_url)
+            delta = live.metrics_delta(after, client.get("baseline_metrics") or {})
+            if target is None:
+                entry = metrics.combine(
+                    client,
+                    metrics.emulator_stats(llm_url),
+                    metrics.tool_stats(tool_url),
+                    time_scale=scale,
+                )
+            else:
+                entry = metrics.combine_live(client, delta, metrics.tool_stats(tool_url))
+            since = (client.get("baseline_emulator") or {}).get("engine_time_s")
+            phases = request_phases(llm_url, since) if target is None else None
+            _finish_entry(
+                entry, job=job, client=client, server_delta=delta, phases=phases, scale=scale
+            )
+            _entry_waits(entry)
+            entry["fidelity"] = compare(rp.recorded, entry)
+            results[name] = entry
+            log(
+                f"replay: {name}: makespan {entry['makespan_s']:.2f} s "
+                f"(recorded {rp.recorded['makespan_s']:.2f}), prompt tokens "
+                f"{entry['prompt_tokens']} ({rp.recorded['prompt_tokens']}), cached "
+                f"{entry['cached_tokens']} ({rp.recorded['cached_tokens']}), "
+                f"process {time.monotonic() - t0:.1f} s"
+            )
+    return {
+        "workload": "replay",
+        "params": {
+            "recording": str(path),
+            "recording_header": dict(recording.header),
+            "n": n,
+            "seed": seed,
+            "time_scale": scale,
+            "times": "emulated seconds (wall seconds x time_scale)"
+            if target is None
+            else "wall seconds",
+            "server": server,
+            "shared_prefix_tokens": rp.shared_tokens,
+            "tool_keys": len(syn.latency),
+        },
+        "versions": versions(),
+        "recorded": rp.recorded,
+        "contenders": results,
+        "warnings": warnings,
+    }
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """The replay's tables: recorded vs each contender, and the ratios."""
+    rec = result["recorded"]
+    params = result["params"]
+    where = params["server"].get("url")
+    lines = [
+        f"### Replay of `{params['recording']}`",
+        "",
+        f"{params['n']} siblings, {rec['llm_requests']} model calls, "
+        f"{rec['tool_calls_requested']} tool calls, on {where} "
+        f"({'EMULATED' if params['server'].get('emulator') else 'live'}; times in "
+        f"{params['times']}).",
+        "",
+        "| run | makespan s | prompt tokens | cached tokens | hit rate | output tokens "
+        "| model calls | tool calls | mean tool wait s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def row(name: str, e: Mapping[str, Any]) -> str:
+        return (
+            f"| {name} | {_fmt(e.get('makespan_s'))} | {_fmt(e.get('prompt_tokens'))} | "
+            f"{_fmt(e.get('cached_tokens'))} | {_fmt(e.get('cache_hit_rate'), 3)} | "
+            f"{_fmt(e.get('generation_tokens'))} | {_fmt(e.get('llm_requests'))} | "
+            f"{_fmt(e.get('tool_calls_requested'))} | {_fmt(e.get('tool_wait_mean_s'), 3)} |"
+        )
+
+    lines.append(row("recorded", rec))
+    for name, entry in result["contenders"].items():
+        if "error" in entry:
+            lines.append(f"| {name} | FAILED: {str(entry['error'])[:80]} |")
+        elif name == "ideal":
+            lines.append(f"| ideal (bound) | {_fmt(entry.get('makespan_s'))} | | | | | | | |")
+        else:
+            lines.append(row(name, entry))
+    lines += ["", "Replayed / recorded:", ""]
+    lines.append("| contender | " + " | ".join(COMPARED) + " |")
+    lines.append("|" + " --- |" * (len(COMPARED) + 1))
+    for name, entry in result["contenders"].items():
+        fid = entry.get("fidelity")
+        if fid:
+            lines.append(f"| {name} | " + " | ".join(_fmt(fid[k], 3) for k in COMPARED) + " |")
+    if result.get("warnings"):
+        lines += ["", "Warnings:", ""] + [f"- {w}" for w in result["warnings"]]
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write `<out>/replay.json` and `<out>/replay.md`; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "replay.json", "md": out_dir / "replay.md"}
+    paths["json"].write_text(dumps(result) + "\n")
+    paths["md"].write_text(markdown(result))
+    return paths

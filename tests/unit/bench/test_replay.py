@@ -1,0 +1,168 @@
+"""Replay synthesis (`bench/replay.py`): a recording becomes a job that reproduces its shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from langgraph_batch.bench import replay
+from langgraph_batch.bench.replay_run import _waits, compare
+from langgraph_batch.bench.toolservice import canonical_key
+from langgraph_batch.emulator.tokenizer import count_tokens, render_chat
+from langgraph_batch.record import FORMAT
+from langgraph_batch.record._format import parse_lines
+
+HEADER = {"type": "header", "format": FORMAT, "version": 1}
+
+
+def llm(sib: int, turn: int, prompt: int, out: int, *, calls: tuple[str, ...] = (),
+        start: float = 0.0, end: float = 1.0, cached: int | None = None,
+        new: list[list[Any]] | None = None, first: int = 1) -> dict[str, Any]:  # fmt: skip
+    return {
+        "type": "llm", "sibling": sib, "turn": turn, "start_s": start, "end_s": end,
+        "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": out,
+        "messages": 2 + 2 * turn, "prefix_messages": 0 if turn == 0 else 1 + 2 * turn,
+        "first_messages": first,
+        "new": new or ([["system", "s", 2000], ["user", f"u{sib}", 400]] if turn == 0
+                       else [["tool", "t", 800]]),
+        "tools": "x", "tools_chars": 200,
+        "tool_calls": [["search", h] for h in calls], "finish_reason": None, "error": None,
+    }  # fmt: skip
+
+
+def tool(sib: int, turn: int, h: str, latency: float, start: float = 1.0) -> dict[str, Any]:
+    return {"type": "tool", "sibling": sib, "turn": turn, "name": "search", "args_hash": h,
+            "start_s": start, "end_s": start + latency, "latency_s": latency,
+            "result_chars": 100, "error": None}  # fmt: skip
+
+
+def recording(rows: list[dict[str, Any]], shared: int = 600) -> Any:
+    summary = {"type": "summary", "shared_prefix": {"messages": 1, "chars": 2200, "tokens": shared}}
+    return parse_lines(json.dumps(r) for r in [HEADER, *rows, summary])
+
+
+def three_siblings() -> Any:
+    # Siblings 0 and 1 ask the same first question (coalescible); 0 asks a second one;
+    # 2 asks its own. Sibling 1 never ran its tool (it shared 0's run).
+    return recording([
+        llm(0, 0, 800, 60, calls=("hA",), end=1.0),
+        llm(1, 0, 820, 40, calls=("hA",), end=1.0, cached=592, first=1),
+        llm(2, 0, 840, 50, calls=("hC",), end=1.2, cached=592),
+        tool(0, 0, "hA", 0.5), tool(2, 0, "hC", 0.25, start=1.2),
+        llm(0, 1, 1300, 70, calls=("hB",), start=1.5, end=2.0, cached=848),
+        tool(0, 1, "hB", 1.0, start=2.0),
+        llm(1, 1, 1300, 200, start=1.5, end=3.0, cached=848),
+        llm(2, 1, 1200, 210, start=1.45, end=3.0, cached=880),
+        llm(0, 2, 1900, 200, start=3.0, end=4.0, cached=1360),
+    ])  # fmt: skip
+
+
+def test_plan_reads_turns_waits_and_shares_keys() -> None:
+    rp = replay.plan(three_siblings())
+    assert [len(s.turns) for s in rp.siblings] == [3, 2, 2]
+    assert [s.key for s in rp.siblings] == ["g0", "g0", "g1"]  # 0 and 1 agree on their calls
+    assert [t.wait_s for t in rp.siblings[0].turns] == [0.5, 1.0, 0.0]
+    assert rp.siblings[1].turns[0].wait_s == 0.5  # its call's digest ran for 0.5 s
+    assert rp.siblings[2].turns[0].wait_s == 0.25
+    assert rp.shared_tokens == 600
+    rec = rp.recorded
+    assert (rec["llm_requests"], rec["prompt_tokens"], rec["generation_tokens"]) == (7, 8160, 830)
+    assert rec["cached_tokens"] == 592 * 2 + 848 * 2 + 880 + 1360
+    assert (rec["tool_calls_requested"], rec["tool_calls_executed"]) == (4, 3)
+    assert rec["makespan_s"] == 4.0
+    assert rec["tool_wait_mean_s"] == pytest.approx((0.5 + 1.0 + 0.5 + 0.25) / 4)
+
+
+def test_synthesized_prompts_have_the_recorded_lengths_on_the_emulator() -> None:
+    rp = replay.plan(three_siblings())
+    syn = replay.synthesize(rp)
+    tools = [replay.openai_tool(syn.tool)]
+    shared = render_chat([{"role": "system", "content": syn.system}], tools=tools,
+                         add_generation_prompt=False)  # fmt: skip
+    assert count_tokens(shared) == 600
+    for sib, prompts in zip(rp.siblings, syn.prompts, strict=True):
+        recorded = [t.prompt_tokens for t in sib.turns]
+        assert prompts[0] == recorded[0]
+        # Siblings sharing a call share its result (sized to their mean): within a few tokens.
+        assert all(abs(a - b) <= 15 for a, b in zip(prompts, recorded, strict=True)), (
+            prompts,
+            recorded,
+        )
+    assert sum(map(sum, syn.prompts)) == pytest.approx(8160, abs=3)
+    # Every call is bound to its recorded output length; the last one answers.
+    assert [c["max_tokens"] for c in syn.calls[0]] == [60, 70, 200]
+    assert [c["answer"] for c in syn.calls[0]] == [False, False, True]
+    # Tasks carry the key, the turns and the visible text before each call.
+    assert "key=g0 turns=3 think=" in syn.tasks[0]
+    assert "key=g1 turns=2" in syn.tasks[2]
+    key = canonical_key("search", {"query": "g0"})
+    assert syn.latency[key] == 0.5
+    assert syn.latency[canonical_key("search", {"query": "g0.1"})] == 1.0
+    assert syn.latency[canonical_key("search", {"query": "g1"})] == 0.25
+    assert set(syn.result_tokens) == set(syn.latency)
+    assert syn.keys == ["g0", "g0.1", "g1"]
+    assert not syn.deviations
+    cfg = replay.tool_config(syn, time_scale=2.0, seed=0)
+    assert cfg.latency_for(key) == 0.25  # shrunk with the emulator's clock
+    assert count_tokens(cfg.result_for(key)) == syn.result_tokens[key]
+
+
+def test_replay_job_and_bound() -> None:
+    rp = replay.plan(three_siblings())
+    syn = replay.synthesize(rp)
+    job = replay.make_replay_job(rp, syn, llm_url="http://e", tool_url="http://t", model="m",
+                                 contender="naive-bounded")  # fmt: skip
+    assert job["replay_calls"] == syn.calls
+    assert job["turns_per_task"] == [3, 2, 2]
+    assert job["max_concurrency"] == 32
+    assert job["forced_shapes"] is False
+    assert job["tools"] == [syn.tool]
+    bound = replay.resident_bound(rp, syn, profile_name="h100-llama3-8b")
+    assert bound["makespan_s"] >= bound["critical_path_s"] > 1.5  # 0.5 + 1.0 s of tools
+    assert bound["decode_tokens"] == 830
+    assert bound["shared_prefix_tokens"] == 600
+
+
+def test_unshareable_and_short_recordings() -> None:
+    # Sibling 1's calls differ from 0's at its second turn: a key of its own.
+    rows = [
+        llm(0, 0, 800, 60, calls=("hA",)), llm(0, 1, 1200, 60, calls=("hB",), start=2),
+        llm(0, 2, 1500, 9, start=3), llm(1, 0, 800, 60, calls=("hA",)),
+        llm(1, 1, 1200, 60, calls=("hX",), start=2), llm(1, 2, 1500, 9, start=3),
+        llm(2, 0, 700, 5),
+    ]  # fmt: skip
+    rp = replay.plan(recording(rows))
+    assert [s.key for s in rp.siblings] == ["g0", "g1", "s2"]
+    assert rp.siblings[0].turns[0].wait_s == 1.0  # no tool run recorded: the sibling's wait
+    with pytest.raises(ValueError, match="no model call"):
+        replay.plan(recording([]))
+
+
+def test_fidelity_ratios_and_waits_from_a_timeline() -> None:
+    events = [[0.0, "start"], [0.0, "llm_start"], [1.0, "llm_end"], [1.0, "tool_start"],
+              [1.4, "tool_end"], [1.5, "llm_start"], [2.0, "llm_end"], [2.0, "done"]]  # fmt: skip
+    timeline = {"0": events}
+    assert _waits(timeline) == [0.5]
+    fid = compare({"prompt_tokens": 100, "cached_tokens": 0, "makespan_s": 2.0},
+                  {"prompt_tokens": 99, "cached_tokens": 5, "makespan_s": 2.2})  # fmt: skip
+    assert fid["prompt_tokens"] == 0.99
+    assert fid["cached_tokens"] is None
+    assert fid["makespan_s"] == 1.1
+
+
+def test_cli_replay_misuse(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from langgraph_batch.bench.cli import main
+
+    assert main([]) == 2
+    assert main(["W1", "--replay", "x.jsonl"]) == 2
+    assert main(["--replay", str(tmp_path / "none.jsonl"), "--out", str(tmp_path)]) == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"x": 1}\n')
+    assert main(["--replay", str(bad), "--out", str(tmp_path)]) == 1
+    assert main(["--replay", str(bad), "--contenders", "batchagent"]) == 2
+    assert main(["--replay", str(bad), "--n", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "not a langgraph-batch-record file" in err
+    assert "unknown contender(s) ['batchagent']" in err
