@@ -105,7 +105,8 @@ class SessionConfig:
     """Request headers that carry the key (empty: none; batching is then `"mixed"`)."""
     batching: SessionBatching = "auto"
     """Which requests may share one HTTP call: `"per_session"`, `"mixed"`, or `"auto"`
-    (`"per_session"` when a router answers `GET /workers` at the URL)."""
+    (`"per_session"` when a router answers `GET /workers` at the URL, or when
+    `engine_hints` are sent: one call carries one program's hints)."""
     engine_hints: EngineHints | None = None
     """`"agentic_context"`: also send vLLM-router's program metadata in the body
     (`vllm_xargs.agentic_context`: program and session id = the key, `step_id` = the
@@ -253,8 +254,8 @@ class SessionRouting:
         self._names = tuple(n for n in names if n.lower() not in taken)
         if not self._names or config is None or config.batching == "mixed":
             self._per_session: bool | None = False
-        elif config.batching == "per_session":
-            self._per_session = True
+        elif config.batching == "per_session" or config.engine_hints is not None:
+            self._per_session = True  # one call carries one program's hints
         else:
             self._per_session = None  # "auto": decided by `resolve`
         self._detect_after = 0.0

@@ -235,6 +235,23 @@ async def test_explicit_batching_needs_no_probe(
     assert len(posts(recorder)) == calls
 
 
+async def test_engine_hints_keep_batches_per_session(recorder: Recorder) -> None:
+    _batch_handler(recorder)
+    config = SessionConfig(engine_hints="agentic_context")
+    async with vllm(recorder, session_affinity=config) as b:
+        await b.complete_batch([keyed("a", 1), keyed("b", 2), keyed("c", 1)])
+    assert recorder.probes == 0
+    bodies = [json.loads(c.content) for c in posts(recorder)]
+    contexts = [body["vllm_xargs"]["agentic_context"] for body in bodies]
+    sizes = sorted(len(b["messages"]) if b["messages"] and isinstance(b["messages"][0], list)
+                   else 1 for b in bodies)  # fmt: skip
+    assert sizes == [1, 2]  # a and c (one sibling) together, b alone
+    assert {c["program_id"] for c in contexts} == {
+        session_key(keyed("a", 1)),
+        session_key(keyed("b", 2)),
+    }
+
+
 async def test_without_a_key_batches_mix_even_behind_a_router(recorder: Recorder) -> None:
     _batch_handler(recorder)
     recorder.workers = [{"url": "http://gpu1:8000"}]
