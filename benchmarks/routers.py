@@ -530,9 +530,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         results["routers"].append(r)
     if not args.no_batching and router_unavailable("vllm-router") is None:
         results["batching"] = measure_batching(n=args.n, time_scale=args.time_scale)
+    from importlib import metadata
+
     from benchmarks.harness import versions
 
     results["versions"] = versions()
+    for package in ("vllm-router", "sglang-router"):
+        try:
+            results["versions"][package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            results["versions"][package] = None
     text = _markdown(results)
     print(text)
     if args.out is not None:
