@@ -35,6 +35,7 @@ batched call carries its first member's key.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -74,6 +75,7 @@ _BATCHINGS: tuple[str, ...] = get_args(SessionBatching)
 _HINTS: tuple[str, ...] = get_args(EngineHints)
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 _DETECT_RETRY_S = 60.0
+_DETECT_TIMEOUT_S = 5.0
 
 _SECRET = secrets.token_bytes(32)
 """Keys the session HMAC: random per process, so keys differ between runs."""
@@ -286,13 +288,15 @@ class SessionRouting:
     ) -> None:
         """Decide `"auto"` once: `GET url` (a router's `/workers`) lists workers or not.
 
-        A failed request leaves the batches mixed and asks again a minute later.
+        A request that fails or takes over 5 s leaves the batches mixed and asks
+        again a minute later.
         """
         if self._per_session is not None or now < self._detect_after:
             return
         try:
-            response = await get(url)
-        except BackendError as exc:
+            async with asyncio.timeout(_DETECT_TIMEOUT_S):  # a batch waits for the answer
+                response = await get(url)
+        except (BackendError, TimeoutError) as exc:
             logger.debug("router detection at %s failed (%r); batches mix sessions", url, exc)
             self._detect_after = now + _DETECT_RETRY_S
             return

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import replace
+from unittest import mock
 
 import httpx
 import pytest
@@ -271,7 +273,14 @@ async def test_a_failed_probe_mixes_and_asks_again_later(recorder: Recorder) -> 
     async def router(url: httpx.URL) -> httpx.Response:
         return httpx.Response(200, json={"workers": []})
 
+    async def hanging(url: httpx.URL) -> httpx.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
     url = httpx.URL("http://srv/workers")
+    with mock.patch.object(_session, "_DETECT_TIMEOUT_S", 0.01):
+        await routing.resolve(hanging, url, now=-100.0)
+    assert not routing.per_session
     await routing.resolve(failing, url, now=0.0)
     assert not routing.per_session
     await routing.resolve(router, url, now=1.0)  # too soon: not asked
