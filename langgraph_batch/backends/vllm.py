@@ -140,7 +140,8 @@ class VLLMBackend(OpenAICompatibleBackend):
     ) -> list[ChatResponse | BackendError]:
         """Send many non-streaming, tool-free requests in as few HTTP calls as possible.
 
-        Requests that share model, parameters and priority go together: chat
+        Requests that share model, parameters and priority (and, behind a router,
+        their session key: `SessionConfig.batching`) go together: chat
         requests as one `/v1/chat/completions/batch` call, raw prompts
         (`params["prompt"]`) as one `/v1/completions` list-prompt call. The rest
         (streaming, tools, n > 1, a prompt that may not fit `max_model_len`, or a
