@@ -97,6 +97,7 @@ def build_request(
         stream_chunk_timeout=model.stream_chunk_timeout or None,
         batchable=batchable,
         route_key=sibling_route_key(sibling.sibling_id) if sibling is not None else None,
+        turn=turn,
     )
     return request, turn, sibling
 

@@ -61,7 +61,7 @@ from langgraph_batch._structured import (
     structured_output,
     to_response_format,
 )
-from langgraph_batch.backends import backend_from_url, backend_key
+from langgraph_batch.backends import SessionConfig, backend_from_url, backend_key
 from langgraph_batch.backends._factory import check_api_key
 from langgraph_batch.backends.base import (
     Backend,
@@ -101,8 +101,7 @@ def _float_env(name: str, default: float) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        msg = f"{name}={raw!r} is not a number of seconds"
-        raise ValueError(msg) from None
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
     return value or None
 
 
@@ -219,6 +218,9 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
     """Extra JSON body fields (vLLM/SGLang extras such as `top_k`, `cache_salt`)."""
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Other body fields sent with every call."""
+    session_affinity: SessionConfig | None = Field(default=SessionConfig(), exclude=True)
+    """The opaque key each call carries for a router in front of replicas (one per fan_out
+    sibling, else per conversation) and which calls a batch may mix. None: no key."""
 
     model_config = ConfigDict(
         populate_by_name=True, arbitrary_types_allowed=True, protected_namespaces=()
@@ -404,17 +406,19 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
         key = self.api_key
         return key.get_secret_value() if key is not None else None
 
+    def _backend_options(self) -> dict[str, Any]:  # what decides the backend and its key
+        return {
+            "api_key": self._api_key(),
+            "headers": dict(self.default_headers) if self.default_headers else None,
+            "query": dict(self.default_query) if self.default_query else None,
+            "session_affinity": self.session_affinity,
+        }
+
     def _make_backend(self) -> Backend:
         if self.backend is not None:
             return self.backend
-        options: dict[str, Any] = {"api_key": self._api_key()}
-        if self.timeout is not None:
-            options["timeout"] = self.timeout
-        if self.default_headers:
-            options["headers"] = dict(self.default_headers)
-        if self.default_query:
-            options["query"] = dict(self.default_query)
-        return backend_from_url(self.base_url, **options)
+        timeout: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
+        return backend_from_url(self.base_url, **self._backend_options(), **timeout)
 
     @property
     def backend_key(self) -> str:
@@ -426,12 +430,7 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
         """
         if self.backend is not None:
             return self.backend.key
-        return backend_key(
-            self.base_url,
-            api_key=self._api_key(),
-            headers=self.default_headers,
-            query=self.default_query,
-        )
+        return backend_key(self.base_url, **self._backend_options())
 
     @property
     def scheduler_key(self) -> str:

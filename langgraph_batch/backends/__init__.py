@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from langgraph_batch.backends._factory import backend_from_url, backend_key
+from langgraph_batch.backends._session import SessionConfig
 from langgraph_batch.backends.base import (
     Backend,
     BackendCapabilities,
@@ -44,6 +45,7 @@ __all__ = (
     "ModelInfo",
     "OpenAICompatibleBackend",
     "SGLangBackend",
+    "SessionConfig",
     "ToolCall",
     "ToolCallChunk",
     "Usage",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from langgraph_batch.backends._session import SessionConfig, session_suffix
 from langgraph_batch.backends.base import Backend
 from langgraph_batch.backends.openai_compat import (
     OpenAICompatibleBackend,
@@ -63,7 +64,7 @@ def backend_from_url(
         api_key: sent as a Bearer token (required for `openai://`).
         timeout: read timeout per call, seconds.
         **options: passed to the backend class (e.g. `priority_scheduling=True`,
-            `headers=`, `query=`, `limits=`, `pool_timeout=`);
+            `headers=`, `query=`, `limits=`, `pool_timeout=`, `session_affinity=`);
             `routing`, `load_factor`, `cooldown_s`, `max_cooldown_s`,
             `virtual_nodes` and `max_affinity_keys` go to the `EndpointPool`
             of a host list (and are ignored for a single host).
@@ -107,6 +108,7 @@ def backend_key(
     api_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     query: Mapping[str, Any] | None = None,
+    session_affinity: SessionConfig | None = SessionConfig(),  # noqa: B008 - frozen
 ) -> str:
     """The `Backend.key` that `backend_from_url(url, ...)` would have, without building it.
 
@@ -127,7 +129,7 @@ def backend_key(
     """
     cls, http_scheme, hosts = _parse(url)
     digest = credentials_hash(api_key, headers, query)
-    suffix = "" if digest is None else f"#{digest}"
+    suffix = ("" if digest is None else f"#{digest}") + session_suffix(session_affinity)
     keys = [f"{cls.__name__}:{normalize_base_url(f'{http_scheme}://{h}')}{suffix}" for h in hosts]
     if len(keys) == 1:
         return keys[0]

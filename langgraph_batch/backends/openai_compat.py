@@ -31,6 +31,7 @@ from langgraph_batch.backends._http import (
     normalize_base_url,
     summarize_body,
 )
+from langgraph_batch.backends._session import SessionConfig, SessionRouting, session_suffix
 from langgraph_batch.backends._sse import (
     ChatStreamAccumulator,
     SSEDecoder,
@@ -127,6 +128,9 @@ class OpenAICompatibleBackend(Backend):
         pool_timeout: seconds a request waits for a free connection when all
             `limits.max_connections` carry requests, then `PoolTimeoutError`
             (None: wait without limit).
+        session_affinity: the session key each request carries for a router in
+            front of replicas, and which requests a batch may mix (`SessionConfig`;
+            None: no key).
 
     Raises:
         ValueError: on a malformed `base_url`, a non-positive timeout or bad limits.
@@ -146,6 +150,7 @@ class OpenAICompatibleBackend(Backend):
         query: Mapping[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         pool_timeout: float | None = DEFAULT_POOL_TIMEOUT,
+        session_affinity: SessionConfig | None = SessionConfig(),  # noqa: B008 - frozen
     ) -> None:
         self.base_url = normalize_base_url(base_url)
         if limits is not None and not isinstance(limits, httpx.Limits):
@@ -164,6 +169,7 @@ class OpenAICompatibleBackend(Backend):
         if api_key:
             client_headers["Authorization"] = f"Bearer {api_key}"
         self._credentials = credentials_hash(api_key, headers, query)
+        self._session = SessionRouting(session_affinity, client_headers)
         ssl_context: Any = None
         if transport is None and self.base_url.startswith("https://"):
             # One TLS context for all pools (building one costs ~50 ms of CPU).
@@ -194,6 +200,7 @@ class OpenAICompatibleBackend(Backend):
         self._models_url = httpx.URL(api + "/models")
         self._health_url = httpx.URL(self.base_url + "/health")
         self._tokenize_url = httpx.URL(self.base_url + "/tokenize")
+        self._workers_url = httpx.URL(self.base_url + "/workers")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
@@ -206,7 +213,9 @@ class OpenAICompatibleBackend(Backend):
         client; the digest never reveals the secret (see `credentials_hash`).
         """
         base = f"{type(self).__name__}:{self.base_url}"
-        return base if self._credentials is None else f"{base}#{self._credentials}"
+        if self._credentials is not None:
+            base = f"{base}#{self._credentials}"
+        return base + session_suffix(self._session.config)
 
     @property
     def transport(self) -> ShardedTransport:
@@ -219,8 +228,12 @@ class OpenAICompatibleBackend(Backend):
         """Add server-specific fields (priority, request id) to a request body."""
 
     def _request_headers(self, request: ChatRequest) -> dict[str, str] | None:
-        """Per-request headers (None: the client's defaults only)."""
-        return None
+        """Per-request headers: the session key (None: the client's defaults only)."""
+        return self._session.headers(request)
+
+    async def _resolve_session_batching(self) -> None:
+        """Before a batch: decide once whether a router answers here (`SessionConfig`)."""
+        await self._session.resolve(self._get, self._workers_url, asyncio.get_running_loop().time())
 
     # ------------------------------------------------------------------ chat
 

@@ -38,7 +38,6 @@ import asyncio
 import bisect
 import hashlib
 import itertools
-import json
 import logging
 import math
 import time
@@ -46,6 +45,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
+from langgraph_batch.backends._session import affinity_key, conversation_key
 from langgraph_batch.backends.base import (
     Backend,
     BackendCapabilities,
@@ -67,56 +67,6 @@ _ROUTINGS: tuple[str, ...] = get_args(Routing)
 
 def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-
-
-def _content_text(message: Any) -> str:
-    content = message.get("content") if hasattr(message, "get") else None
-    if isinstance(content, str):
-        return content
-    return json.dumps(content, sort_keys=True, default=str)
-
-
-def conversation_key(request: ChatRequest) -> str:
-    """A hash of the request's model, first system message and first user message.
-
-    Every later turn of a conversation repeats these, so the key names the
-    conversation (and the cached prefix) without any context variable.
-
-    Args:
-        request: the call to route.
-
-    Returns:
-        `"prefix:<hex>"`. (Not the scheduler's `prefix_key`, which hashes the
-        shared system + tools prefix for prefix warming.)
-    """
-    system = user = ""
-    for message in request.messages:
-        role = message.get("role")
-        if role in ("system", "developer") and not system:
-            system = _content_text(message)
-        elif role == "user":
-            user = _content_text(message)
-            break
-    digest = hashlib.blake2b(
-        f"{request.model}\x00{system}\x00{user}".encode(), digest_size=12
-    ).hexdigest()
-    return f"prefix:{digest}"
-
-
-def affinity_key(request: ChatRequest) -> str:
-    """The routing key of a request: its `route_key`, else its conversation prefix.
-
-    A fan_out sibling's requests carry `route_key="sibling:<id>"`, so all its
-    turns share a replica (siblings with the same opening messages do not
-    all follow the first one). Otherwise the key is `conversation_key(request)`.
-
-    Args:
-        request: the call to route.
-
-    Returns:
-        A string key; equal keys route to the same replica.
-    """
-    return request.route_key or conversation_key(request)
 
 
 class _Replica:

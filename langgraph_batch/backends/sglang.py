@@ -7,6 +7,8 @@
   server runs with `--schedule-low-priority-values-first`
   (`low_priority_values_first=True`).
 - `/metrics` with SGLang's names (needs `--enable-metrics`).
+- the session key in `X-SMG-Routing-Key` (what `sglang-router --policy manual`
+  routes on; SGLang itself reads it as the request's `routing_key`).
 - `complete_batch_settled`: raw prompts go out as one native `/generate` call
   with a text list (its `meta_info` gives each member its exact usage); chat
   requests run one by one (concurrently). Isolation (a bad member fails only
@@ -24,6 +26,7 @@ import httpx
 
 from langgraph_batch.backends._batching import is_single_choice, settle_batch
 from langgraph_batch.backends._prometheus import parse_prometheus
+from langgraph_batch.backends._session import affinity_key
 from langgraph_batch.backends.base import (
     BackendCapabilities,
     ChatRequest,
@@ -173,36 +176,40 @@ class SGLangBackend(OpenAICompatibleBackend):
             One `ChatResponse` or `BackendError` per request, in input order.
         """
         self._check_open()
+        if len(requests) > 1:
+            await self._resolve_session_batching()
         return await settle_batch(
             requests, group_key=self._group_key, send_batch=self._send_batch, send_one=self.chat
         )
 
-    def _group_key(self, request: ChatRequest) -> int | None:
+    def _group_key(self, request: ChatRequest) -> tuple[int, str | None] | None:
         prompt = request.params.get("prompt")
         if not isinstance(prompt, str) or not is_single_choice(request):
             return None
         if sampling_params_for_generate(dict(request.params)) is None:
             return None
-        return self.engine_priority(request.priority) if self.priority_scheduling else 0
+        priority = self.engine_priority(request.priority) if self.priority_scheduling else 0
+        return priority, self._session.group_key(request)
 
-    async def _send_batch(self, priority: Any, batch: Sequence[ChatRequest]) -> list[ChatResponse]:
+    async def _send_batch(self, key: Any, batch: Sequence[ChatRequest]) -> list[ChatResponse]:
         members = []
         for r in batch:
             sampling = sampling_params_for_generate(dict(r.params))
             assert sampling is not None  # checked by _group_key
             members.append((r, sampling))
-        return await self._generate(members, priority)
+        return await self._generate(members, key[0])
 
     async def _generate(
         self, batch: Sequence[tuple[ChatRequest, dict[str, Any]]], priority: int
     ) -> list[ChatResponse]:
         first = batch[0][0]
         timeouts = [r.timeout for r, _ in batch]
-        shared = ChatRequest(
+        shared = ChatRequest(  # the call carries its first member's session key
             model=first.model,
             messages=(),
             request_id=first.request_id,
             timeout=None if None in timeouts else max(t for t in timeouts if t is not None),
+            route_key=affinity_key(first),
         )
         body: dict[str, Any] = {
             "text": [r.params["prompt"] for r, _ in batch],

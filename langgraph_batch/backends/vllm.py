@@ -6,6 +6,10 @@
   `priority_scheduling=True`: vLLM honours it only under
   `--scheduling-policy priority` and ignores it under the default `fcfs`.
 - `/metrics` (load, KV usage, KV capacity from `vllm:cache_config_info`).
+- the session key in `X-Session-ID` (what `vllm-router --policy consistent_hash`
+  routes on) and, with `SessionConfig(engine_hints="agentic_context")`, the
+  program metadata vllm-router's program scheduling reads
+  (`vllm_xargs.agentic_context`; see `backends/_session.py`).
 - `complete_batch_settled`: chat requests go out as one
   `/v1/chat/completions/batch` call (vLLM >= 0.20; chat templating stays the
   server's), raw prompts as one `/v1/completions` list-prompt call. On a
@@ -32,6 +36,7 @@ from langgraph_batch.backends._batching import (
 )
 from langgraph_batch.backends._http import is_route_not_found
 from langgraph_batch.backends._prometheus import parse_prometheus
+from langgraph_batch.backends._session import affinity_key, agentic_context, session_key
 from langgraph_batch.backends._sse import parse_usage
 from langgraph_batch.backends.base import (
     BackendCapabilities,
@@ -113,10 +118,20 @@ class VLLMBackend(OpenAICompatibleBackend):
             body["priority"] = request.priority
         if not _GUIDED.isdisjoint(body):
             _translate_guided(body)
+        if self._session.hints == "agentic_context":
+            xargs = body.get("vllm_xargs")
+            xargs = dict(xargs) if isinstance(xargs, dict) else {}
+            xargs.setdefault("agentic_context", agentic_context(request, session_key(request)))
+            body["vllm_xargs"] = xargs
 
     def _request_headers(self, request: ChatRequest) -> dict[str, str] | None:
+        headers = self._session.headers(request)
         rid = request.request_id
-        return {"X-Request-Id": rid} if rid else None
+        if rid:
+            if headers is None:
+                return {"X-Request-Id": rid}
+            headers["X-Request-Id"] = rid
+        return headers
 
     # ------------------------------------------------------------------ batching
 
@@ -125,7 +140,8 @@ class VLLMBackend(OpenAICompatibleBackend):
     ) -> list[ChatResponse | BackendError]:
         """Send many non-streaming, tool-free requests in as few HTTP calls as possible.
 
-        Requests that share model, parameters and priority go together: chat
+        Requests that share model, parameters and priority (and, behind a router,
+        their session key: `SessionConfig.batching`) go together: chat
         requests as one `/v1/chat/completions/batch` call, raw prompts
         (`params["prompt"]`) as one `/v1/completions` list-prompt call. The rest
         (streaming, tools, n > 1, a prompt that may not fit `max_model_len`, or a
@@ -138,7 +154,10 @@ class VLLMBackend(OpenAICompatibleBackend):
             One `ChatResponse` or `BackendError` per request, in input order.
         """
         self._check_open()
-        limits = await self._max_model_lens() if len(requests) > 1 else None
+        limits = None
+        if len(requests) > 1:
+            limits = await self._max_model_lens()
+            await self._resolve_session_batching()
         return await settle_batch(
             requests,
             group_key=self._group_key,
@@ -167,6 +186,7 @@ class VLLMBackend(OpenAICompatibleBackend):
         params = dict(request.params)
         prompt = params.pop("prompt", None)
         priority = request.priority if self.priority_scheduling else 0
+        session = self._session.group_key(request)
         if prompt is not None:
             if isinstance(prompt, str):
                 kind = "prompt-text"
@@ -174,10 +194,10 @@ class VLLMBackend(OpenAICompatibleBackend):
                 kind = "prompt-ids"
             else:  # already a list of prompts: send as it is
                 return None
-            return ("prompt", kind, request.model, dumps(params), priority)
+            return ("prompt", kind, request.model, dumps(params), priority, session)
         if self._chat_batch_supported is False:
             return None
-        return ("chat", request.model, dumps(params), priority)
+        return ("chat", request.model, dumps(params), priority, session)
 
     async def _send_batch(self, key: Any, batch: Sequence[ChatRequest]) -> list[ChatResponse]:
         if key[0] == "prompt":
@@ -185,16 +205,21 @@ class VLLMBackend(OpenAICompatibleBackend):
         return await self._chat_batch(batch)
 
     def _batch_request(self, batch: Sequence[ChatRequest]) -> ChatRequest:
-        """A stand-in request for the shared part of a batch (model, params, id, timeout)."""
+        """A stand-in for the shared part of a batch (model, params, id, timeout, session).
+
+        The call carries its first member's session key (one call reaches one replica).
+        """
         first = batch[0]
         timeouts = [r.timeout for r in batch]
         return ChatRequest(
             model=first.model,
             messages=(),
-            params={},
+            params=first.params,
             request_id=first.request_id,
             priority=first.priority,
             timeout=None if None in timeouts else max(t for t in timeouts if t is not None),
+            route_key=affinity_key(first),
+            turn=first.turn,
         )
 
     async def _chat_batch(self, batch: Sequence[ChatRequest]) -> list[ChatResponse]:

@@ -62,6 +62,10 @@ class EmulatorConfig:
     """Extra engine seconds before the first token under `slow_first_token`."""
     retry_after_s: float = 1.0
     """`Retry-After` of injected 429s."""
+    agentic_context: bool = False
+    """vLLM flavour: accept vllm-router's `vllm_xargs.agentic_context` program hints, as
+    an agent-aware engine (AgentInfer's) does, and report them in `/emulator/stats`.
+    Off (stock vLLM): `vllm_xargs` takes only string/number values, the object is a 400."""
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -124,6 +128,8 @@ class EmulatorConfig:
         ]
         if self.kv_tokens is not None:
             argv.append(f"--kv-tokens={self.kv_tokens}")
+        if self.agentic_context:
+            argv.append("--agentic-context")
         if not self.enable_prefix_caching:
             argv.append("--no-enable-prefix-caching")
         if not self.enable_auto_tool_choice:

@@ -211,4 +211,5 @@ def stats_dict(server: EmulatorServer) -> dict[str, Any]:
         "late_steps": drv.late_steps,
         "max_wake_late_s": drv.max_wake_late_s,
         "max_work_s": drv.max_work_s,
+        "agentic_context": server.hints.stats(),
     }

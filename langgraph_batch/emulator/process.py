@@ -230,6 +230,13 @@ class EmulatorProcess:
         if proc.stdout is not None:
             proc.stdout.close()
 
+    def kill(self) -> None:
+        """Kill the process at once (SIGKILL): a crashed server, for failover tests. Idempotent."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
     def __enter__(self) -> Self:
         self.start()
         return self

@@ -37,6 +37,7 @@ except ImportError:  # the optional `emulator` extra
     raise missing_extra("emulator", "the emulator needs starlette and uvicorn") from None
 
 from langgraph_batch.emulator import _openai_api, sglang
+from langgraph_batch.emulator._hints import AgentHints
 from langgraph_batch.emulator._http import RequestError, RequestOptions, Watch
 from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
@@ -95,6 +96,7 @@ class EmulatorServer:
         )
         self.driver = RealTimeDriver(self.engine, time_scale=config.time_scale)
         self._fault_rng = random.Random(config.seed)
+        self.hints = AgentHints(accept=config.agentic_context)
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -183,6 +185,7 @@ class EmulatorServer:
         def reset() -> None:
             self.engine.reset_counters()
             self.engine.reset_prefix_cache()
+            self.hints.reset()
             self.driver.reset_lag()
 
         await self.driver.call(reset)
@@ -238,8 +241,13 @@ class EmulatorServer:
         return msgs
 
     def options(self, request: HTTPRequest, body: Mapping[str, Any]) -> RequestOptions:
-        """Merge server defaults, the `X-Emulator-Options` header and body `emulator`."""
+        """Merge server defaults, the `X-Emulator-Options` header and body `emulator`.
+
+        The vLLM flavour also checks `vllm_xargs` as vLLM does (`_hints.py`).
+        """
         cfg = self.config
+        if cfg.flavor == "vllm":
+            self.hints.check(body)
         merged: dict[str, Any] = {}
         header = request.headers.get("x-emulator-options")
         if header:

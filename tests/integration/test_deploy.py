@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -118,3 +119,50 @@ def test_the_readme_explains_how_to_expose_a_server() -> None:
     section = text.split("## Exposing a server", 1)[1].split("\n## ", 1)[0]
     for needed in ("VLLM_API_KEY", "SGLANG_API_KEY", "LGB_API_KEY", "TLS", "Firewall", "127.0.0.1"):
         assert needed in section, needed
+
+
+def test_router_profile_puts_vllm_router_in_front_of_unpublished_replicas() -> None:
+    services = yaml.safe_load((DEPLOY / "compose.yml").read_text())["services"]
+    replicas = {name: s for name, s in services.items() if name.startswith("vllm-r")}
+    router = services["router"]
+    assert len(replicas) >= 2
+    assert router["profiles"] == ["router"]
+    argv = router["command"]
+    start = argv.index("--worker-urls") + 1
+    workers = [a for a in argv[start:] if not a.startswith("--")]
+    assert workers == [f"http://{name}:8000" for name in sorted(replicas)]
+    assert "--policy=${ROUTER_POLICY:-consistent_hash}" in argv  # routes on X-Session-ID
+    assert set(router["depends_on"]) == set(replicas)
+    assert router["ports"] == ["127.0.0.1:8100:8000"]
+    gpus = []
+    for name, replica in replicas.items():
+        assert replica["profiles"] == ["router"], name
+        assert replica["ports"] == [], f"{name} must be reached through the router only"
+        assert replica["command"] == services["vllm"]["command"], name  # the same flags
+        assert replica["environment"]["VLLM_API_KEY"] == "${VLLM_API_KEY:-}", name
+        gpus += replica["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    assert len(set(gpus)) == len(gpus)  # one GPU each
+    dockerfile = (DEPLOY / "router" / "Dockerfile").read_text()
+    assert router["build"]["dockerfile"] == "deploy/router/Dockerfile"
+    pinned = re.search(r"vllm-router==([\d.]+)", dockerfile)
+    assert pinned is not None
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f"vllm-router>={pinned.group(1)}," in pyproject  # the version the tests ran
+    assert "USER nobody" in dockerfile
+
+
+def test_router_profile_flags_exist_in_the_real_router() -> None:
+    from benchmarks.routers import router_command, router_unavailable
+
+    reason = router_unavailable("vllm-router")
+    if reason is not None:
+        pytest.skip(reason)
+    services = yaml.safe_load((DEPLOY / "compose.yml").read_text())["services"]
+    exe = router_command("vllm-router", "consistent_hash", 1, ["http://x:1"])[0]
+    help_text = subprocess.run(
+        [exe, "--help"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    for arg in services["router"]["command"]:
+        if arg.startswith("--"):
+            flag = arg.split("=", 1)[0]
+            assert flag in help_text, flag

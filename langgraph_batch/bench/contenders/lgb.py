@@ -48,8 +48,16 @@ def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
     if job.get("api_key"):  # the demo against a server with a key (never in a bench job)
         options["api_key"] = job["api_key"]
     if job.get("lgb_options"):
-        # Diagnostics only (`--lgb-option`): the reported runs use the defaults.
+        # Diagnostics only (`--lgb-option`, `benchmarks.routers`): the reported runs use
+        # the defaults. A `session_affinity` dict holds `SessionConfig` fields.
         options.update(job["lgb_options"])
+        if isinstance(options.get("session_affinity"), dict):
+            from langgraph_batch.backends import SessionConfig
+
+            fields = dict(options["session_affinity"])
+            if "headers" in fields:
+                fields["headers"] = tuple(fields["headers"])
+            options["session_affinity"] = SessionConfig(**fields)
     if job.get("routing"):
         options["backend"] = backend_from_url(url, routing=job["routing"], timeout=600.0)
     else:

@@ -17,8 +17,17 @@ class Recorder:
     def __init__(self) -> None:
         self.requests: list[httpx.Request] = []
         self.handler: Handler = lambda request: httpx.Response(500)
+        self.workers: list[Any] | None = None
+        """What `GET /workers` lists (a router in front of replicas); None: 404, not
+        recorded (a server, not a router: the backends ask once before a batch)."""
+        self.probes = 0
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path == "/workers":
+            self.probes += 1
+            if self.workers is None:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            return httpx.Response(200, json={"workers": self.workers})
         self.requests.append(request)
         return self.handler(request)
 

@@ -1,0 +1,552 @@
+"""W4 through a router: session keys behind vllm-router and sglang-router (issue 19).
+
+Many deployments put one router URL in front of the replicas, so the client
+sees a single endpoint. This starts 4 emulator replicas, a real router in
+front of them (`vllm-router` or `sglang-router`, from pip), and runs W4's
+`langgraph-batch` contender (the same process and graph `bench W4` runs) at
+the router's URL, once with the library's session key (the default) and once
+without (`session_affinity=None`); it reports the prefill tokens the replicas
+computed in each run. `measure_batching` runs a fan_out of tool-free two-turn
+siblings (turn 1 is batchable) through a router with each batching rule.
+
+```bash
+python -m benchmarks.routers --n 64 --out benchmarks/results    # routers.json / routers.md
+```
+
+`RouterProcess` is also what `tests/integration/test_routers.py` starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import importlib.util
+import json
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypedDict
+
+import httpx
+
+from benchmarks import metrics
+from benchmarks.contenders._common import sum_stats
+from benchmarks.toolservice import ROOT, free_port, tool_service
+from benchmarks.workloads import WORKLOADS, emulator_settings, make_job, tool_config
+
+MODEL = "emulated-llama-3-8b"
+
+ROUTERS: dict[str, tuple[str, ...]] = {
+    "vllm-router": ("consistent_hash", "cache_aware"),
+    "sglang-router": ("manual", "cache_aware"),
+}
+"""The routers and the policies measured (`manual`, `consistent_hash`: key-based)."""
+
+# Replicas that die are noticed within a second or two (the routers' defaults check
+# health every 60 s and only trip a circuit breaker after 10 failures).
+FAST_HEALTH = (
+    "--health-check-interval-secs",
+    "1",
+    "--health-failure-threshold",
+    "1",
+    "--health-check-timeout-secs",
+    "1",
+)
+
+
+@functools.cache
+def router_unavailable(kind: str) -> str | None:
+    """Why the `kind` router cannot run here (None: it installs and starts)."""
+    if kind == "vllm-router":
+        exe = Path(sys.executable).with_name("vllm-router")
+        if not exe.exists() and shutil.which("vllm-router") is None:
+            return "vllm-router is not installed (pip install vllm-router: the `test` extra)"
+        cmd = [str(exe) if exe.exists() else "vllm-router", "--help"]
+    elif kind == "sglang-router":
+        if importlib.util.find_spec("sglang_router") is None:
+            return "sglang-router is not installed (pip install sglang-router: the `test` extra)"
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--help"]
+    else:
+        raise ValueError(f"unknown router {kind!r}; use one of {sorted(ROUTERS)}")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{kind} is installed but cannot run here: {exc}"
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip()[-300:]
+        return f"{kind} is installed but cannot run here (exit {done.returncode}): {tail}"
+    return None
+
+
+def router_command(
+    kind: str, policy: str, port: int, workers: Sequence[str], *, extra: Sequence[str] = ()
+) -> list[str]:
+    """The command line that serves `kind` with `policy` on loopback `port`."""
+    prom = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]
+    common += ["--policy", policy, *prom, *extra]
+    if kind == "vllm-router":
+        exe = Path(sys.executable).with_name("vllm-router")
+        return [str(exe) if exe.exists() else "vllm-router", *common]
+    if kind == "sglang-router":
+        return [sys.executable, "-m", "sglang_router.launch_router", *common]
+    raise ValueError(f"unknown router {kind!r}; use one of {sorted(ROUTERS)}")
+
+
+class RouterProcess:
+    """A router in front of `workers`, in its own process, on a free loopback port.
+
+    Example:
+        ```python
+        with RouterProcess("vllm-router", "consistent_hash", urls) as router:
+            llm = BatchedChatModel(model=MODEL, base_url=f"vllm://{router.address}")
+        ```
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        policy: str,
+        workers: Sequence[str],
+        *,
+        extra: Sequence[str] = FAST_HEALTH,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        self.kind = kind
+        self.policy = policy
+        self.workers = list(workers)
+        self.port = free_port()
+        self.command = router_command(kind, policy, self.port, self.workers, extra=extra)
+        self.startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[str] | None = None
+        self._output: list[str] = []
+
+    @property
+    def url(self) -> str:
+        """`http://127.0.0.1:PORT`."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """`127.0.0.1:PORT` (for `vllm://` and `sglang://` URLs)."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def output(self) -> str:
+        """What the router printed (its last 400 lines)."""
+        return "".join(self._output[-400:])
+
+    def start(self) -> None:
+        """Start the router and wait until it lists every worker and serves `/v1/models`.
+
+        Raises:
+            RuntimeError: it exited or was not ready in time (with its output).
+        """
+        self._proc = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=str(ROOT),
+        )
+        threading.Thread(target=self._pump, name=f"{self.kind}-output", daemon=True).start()
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited at start:\n{self.output[-4000:]}")
+            if self._ready():
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.kind} was not ready in time:\n{self.output[-4000:]}")
+
+    def _pump(self) -> None:
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return
+        for line in proc.stdout:
+            self._output.append(line)
+            if len(self._output) > 4000:
+                del self._output[:2000]
+
+    def _ready(self) -> bool:
+        try:
+            workers = httpx.get(self.url + "/workers", timeout=2.0).json().get("workers") or []
+            models = httpx.get(self.url + "/v1/models", timeout=2.0)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        healthy = [w for w in workers if w.get("is_healthy", True)]
+        return len(healthy) >= len(self.workers) and models.status_code == 200
+
+    def stop(self) -> None:
+        """Terminate the router (kill after 5 s). Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def __enter__(self) -> RouterProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def replicas(
+    n: int, *, flavor: str = "vllm", time_scale: float = 20.0, seed: int = 0, **overrides: Any
+) -> Iterator[list[Any]]:
+    """`n` emulator processes with W4's scenario (3 turns); yields the `EmulatorProcess`es."""
+    from langgraph_batch.emulator.config import EmulatorConfig
+    from langgraph_batch.emulator.process import EmulatorProcess
+
+    settings = {**emulator_settings(WORKLOADS["W4"]), **overrides}
+    cfg = EmulatorConfig(
+        port=0,
+        flavor=flavor,  # type: ignore[arg-type]
+        scenario="agent",
+        time_scale=time_scale,
+        model=MODEL,
+        seed=seed,
+        **settings,
+    )
+    procs = [EmulatorProcess(cfg) for _ in range(n)]
+    with contextlib.ExitStack() as stack:
+        for p in procs:
+            stack.enter_context(p)
+        yield procs
+
+
+def replica_stats(urls: Sequence[str]) -> dict[str, Any]:
+    """The counters of the replicas that answer, summed (a killed one counts as none)."""
+    stats = []
+    for url in urls:
+        try:
+            stats.append(metrics.emulator_stats(url))
+        except httpx.HTTPError:
+            continue
+    return sum_stats(stats) if stats else {}
+
+
+def prefill(urls: Sequence[str]) -> int:
+    """Prefill tokens the replicas computed since their last reset."""
+    return int(replica_stats(urls).get("prefill_tokens_computed", 0))
+
+
+def w4_job(
+    router_url: str,
+    replica_urls: Sequence[str],
+    tool_url: str,
+    *,
+    n: int,
+    seed: int = 0,
+    flavor: str = "vllm",
+    session: Any = "default",
+) -> dict[str, Any]:
+    """W4's `langgraph-batch` job with the model pointed at the router.
+
+    `session`: `"default"` (the library's), None (no key) or a `SessionConfig`
+    field dict.
+    """
+    job = make_job(
+        WORKLOADS["W4"],
+        n=n,
+        seed=seed,
+        llm_url=list(replica_urls),
+        tool_url=tool_url,
+        model=MODEL,
+        contender="langgraph-batch",
+    )
+    job["lgb_url"] = f"{flavor}://{router_url.split('://', 1)[1]}"
+    job["flavor"] = flavor
+    if session != "default":
+        job["lgb_options"] = {"session_affinity": session}
+    return job
+
+
+def run_w4(
+    job: dict[str, Any], replica_urls: Sequence[str], *, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Run the job's contender process; its failures, makespan and prefill on the replicas."""
+    from benchmarks.harness import run_contender
+
+    for url in replica_urls:
+        metrics.reset_emulator(url)
+    client, error, _ = run_contender("langgraph-batch", job, timeout=timeout)
+    if client is None:
+        raise RuntimeError(f"the contender failed: {error}")
+    base = client.get("baseline_emulator") or {}
+    after = replica_stats(replica_urls)
+    per_replica = after.get("per_replica_requests")
+    return {
+        "failures": client["failures"],
+        "errors": client.get("errors"),
+        "makespan_s": client["makespan_s"],
+        "client_cpu_s": client["client_cpu_s"],
+        "prefill_tokens": int(after["prefill_tokens_computed"])
+        - int(base.get("prefill_tokens_computed", 0)),
+        "requests": int(after["requests"]) - int(base.get("requests", 0)),
+        "requests_per_replica": per_replica,
+    }
+
+
+def measure_router(
+    kind: str,
+    policy: str,
+    *,
+    n: int,
+    seed: int = 0,
+    time_scale: float = 20.0,
+    with_pool: bool = True,
+) -> dict[str, Any]:
+    """W4 through `kind`/`policy` over 4 replicas, with and without the session key.
+
+    `with_pool`: also run it straight at the replicas (the library's affinity pool).
+    """
+    flavor = "sglang" if kind == "sglang-router" else "vllm"
+    wl = WORKLOADS["W4"]
+    out: dict[str, Any] = {"router": kind, "policy": policy, "n": n, "flavor": flavor}
+    with (
+        replicas(4, flavor=flavor, time_scale=time_scale, seed=seed) as procs,
+        tool_service(tool_config(wl, time_scale, seed)) as tool_url,
+    ):
+        urls = [p.url for p in procs]
+        with RouterProcess(kind, policy, urls) as router:
+            for label, session in (("with_key", "default"), ("without_key", None)):
+                metrics.reset_tools(tool_url)
+                job = w4_job(router.url, urls, tool_url, n=n, seed=seed, flavor=flavor,
+                             session=session)  # fmt: skip
+                out[label] = run_w4(job, urls)
+        if with_pool:  # the same run straight at the replicas (the library's own pool)
+            metrics.reset_tools(tool_url)
+            direct = w4_job(urls[0], urls, tool_url, n=n, seed=seed, flavor=flavor)
+            direct["lgb_url"] = f"{flavor}://" + ",".join(u.split("://", 1)[1] for u in urls)
+            out["pool_affinity"] = run_w4(direct, urls)
+    with_key = out["with_key"]["prefill_tokens"]
+    without = out["without_key"]["prefill_tokens"]
+    out["ratio_with_over_without"] = round(with_key / max(1, without), 3)
+    if with_pool:
+        pool = out["pool_affinity"]["prefill_tokens"]
+        out["ratio_with_over_pool"] = round(with_key / max(1, pool), 3)
+    return out
+
+
+def run_with_kill(
+    kind: str, policy: str, *, n: int, seed: int = 0, time_scale: float = 4.0
+) -> dict[str, Any]:
+    """W4 through `kind`/`policy`; one of the 4 replicas is killed (SIGKILL) mid-run.
+
+    Returns the run's figures plus `killed_after_requests`: how many requests the
+    replicas had served when the kill came.
+    """
+    flavor = "sglang" if kind == "sglang-router" else "vllm"
+    wl = WORKLOADS["W4"]
+    with (
+        replicas(4, flavor=flavor, time_scale=time_scale, seed=seed) as procs,
+        tool_service(tool_config(wl, time_scale, seed)) as tool_url,
+        RouterProcess(kind, policy, [p.url for p in procs]) as router,
+    ):
+        urls = [p.url for p in procs]
+        job = w4_job(router.url, urls, tool_url, n=n, seed=seed, flavor=flavor)
+        result: dict[str, Any] = {"killed_mid_run": False}
+        runner = threading.Thread(target=lambda: result.update(run_w4(job, urls)), daemon=True)
+        runner.start()
+        victim = procs[1]
+        served = 0
+        deadline = time.monotonic() + 120
+        while runner.is_alive() and time.monotonic() < deadline:
+            served = int(replica_stats(urls).get("finished", 0))
+            if served >= n + 1:  # the warm-up sibling, then about one turn of the run
+                victim.kill()
+                result["killed_mid_run"] = runner.is_alive()
+                break
+            time.sleep(0.05)
+        runner.join(600)
+        if "failures" not in result:
+            raise RuntimeError(f"the run did not finish; router output:\n{router.output[-3000:]}")
+        result["killed_after_requests"] = served
+        return result
+
+
+# ---------------------------------------------------------------------------- batching rules
+
+
+class _Sibling(TypedDict, total=False):
+    i: int
+    answer: str
+
+
+class _Parent(TypedDict, total=False):
+    items: list[int]
+    out: list[Any]
+
+
+async def _refine_run(base_url: str, n: int, session: Any, *, max_batch_size: int) -> float:
+    """A fan_out of `n` tool-free two-turn siblings (answer, then refine); client CPU s."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from langgraph.graph import END, START, StateGraph
+
+    from benchmarks.workloads import sized
+    from langgraph_batch import BatchedChatModel, BatchPolicy, fan_out
+    from langgraph_batch.backends import SessionConfig
+
+    options: dict[str, Any] = {}
+    if session != "default":
+        options["session_affinity"] = None if session is None else SessionConfig(**session)
+    llm = BatchedChatModel(
+        model=MODEL,
+        base_url=base_url,
+        max_tokens=64,
+        temperature=0.0,
+        policy=BatchPolicy(max_batch_size=max_batch_size, inflight_limit=256),
+        **options,
+    )
+    system = sized("You summarise documents. Notes follow.", 1000, random.Random("sys"))
+
+    async def refine(state: dict[str, Any]) -> dict[str, Any]:
+        task = sized(f"Document {state['i']}:", 1500, random.Random(f"doc{state['i']}"))
+        first = [SystemMessage(system), HumanMessage(task)]
+        answer = await llm.ainvoke(first)
+        final = await llm.ainvoke([*first, answer, HumanMessage("Refine your summary.")])
+        return {"answer": str(final.content)}
+
+    sub = StateGraph(_Sibling)
+    sub.add_node("refine", refine)
+    sub.add_edge(START, "refine")
+    sub.add_edge("refine", END)
+    agent = sub.compile()
+    parent = StateGraph(_Parent)
+    parent.add_node(
+        "all",
+        fan_out(agent, items="items", into="out", make_input=lambda item, i: {"i": item}),
+    )
+    parent.add_edge(START, "all")
+    parent.add_edge("all", END)
+    graph = parent.compile()
+    cpu0 = time.process_time()
+    await graph.ainvoke({"items": list(range(n))})
+    cpu = time.process_time() - cpu0
+    await llm.get_scheduler().aclose()
+    return cpu
+
+
+def measure_batching(*, n: int = 64, time_scale: float = 20.0) -> dict[str, Any]:
+    """Tool-free two-turn siblings through vllm-router (consistent_hash) per batching rule."""
+    out: dict[str, Any] = {"router": "vllm-router", "policy": "consistent_hash", "n": n}
+    rules: dict[str, tuple[Any, int]] = {
+        "mixed": ({"batching": "mixed"}, 64),
+        "per_session": ({"batching": "per_session"}, 64),
+        "auto (default)": ("default", 64),
+        "no batching": ("default", 1),
+        "no key": (None, 64),
+    }
+    with replicas(4, time_scale=time_scale, turns=1, output_tokens=64) as procs:
+        urls = [p.url for p in procs]
+        with RouterProcess("vllm-router", "consistent_hash", urls) as router:
+            for label, (session, size) in rules.items():
+                for u in urls:
+                    metrics.reset_emulator(u)
+                url = f"vllm://{router.address}"
+                cpu = asyncio.run(_refine_run(url, n, session, max_batch_size=size))
+                stats = sum_stats([metrics.emulator_stats(u) for u in urls])
+                out[label] = {
+                    "prefill_tokens": int(stats["prefill_tokens_computed"]),
+                    "requests": int(stats["requests"]),
+                    "client_cpu_s": round(cpu, 3),
+                }
+    return out
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "### W4 through a router: prefill with and without the session key",
+        "",
+        f"4 emulated replicas (EMULATED, not a GPU), N={results['n']}, 3 turns; "
+        "prefill tokens the replicas computed.",
+        "",
+        "| router | policy | with key | without key | with / without | pool (no router) | "
+        "with / pool | failures |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results["routers"]:
+        fails = r["with_key"]["failures"] + r["without_key"]["failures"]
+        lines.append(
+            f"| {r['router']} | {r['policy']} | {r['with_key']['prefill_tokens']:,} | "
+            f"{r['without_key']['prefill_tokens']:,} | {r['ratio_with_over_without']:.2f} | "
+            f"{r['pool_affinity']['prefill_tokens']:,} | {r['ratio_with_over_pool']:.2f} | "
+            f"{fails} |"
+        )
+    b = results.get("batching")
+    if b:
+        lines += [
+            "",
+            f"### Batching rules through {b['router']} ({b['policy']}): N={b['n']} tool-free "
+            "two-turn siblings (turn 1 batchable)",
+            "",
+            "| rule | prefill tokens | requests | client CPU s |",
+            "| --- | --- | --- | --- |",
+        ]
+        for label, v in b.items():
+            if isinstance(v, dict):
+                lines.append(
+                    f"| {label} | {v['prefill_tokens']:,} | {v['requests']} | {v['client_cpu_s']} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.routers", description=__doc__)
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--time-scale", type=float, default=20.0)
+    p.add_argument(
+        "--routers", default=",".join(f"{k}:{v}" for k, vs in ROUTERS.items() for v in vs)
+    )
+    p.add_argument("--no-batching", action="store_true", help="skip measure_batching")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    results: dict[str, Any] = {"n": args.n, "time_scale": args.time_scale, "routers": []}
+    for spec in args.routers.split(","):
+        kind, policy = spec.split(":")
+        reason = router_unavailable(kind)
+        if reason:
+            print(f"skipping {kind}: {reason}", file=sys.stderr)
+            continue
+        r = measure_router(kind, policy, n=args.n, time_scale=args.time_scale)
+        print(json.dumps({k: v for k, v in r.items() if not isinstance(v, dict)}), file=sys.stderr)
+        results["routers"].append(r)
+    if not args.no_batching and router_unavailable("vllm-router") is None:
+        results["batching"] = measure_batching(n=args.n, time_scale=args.time_scale)
+    from importlib import metadata
+
+    from benchmarks.harness import versions
+
+    results["versions"] = versions()
+    for package in ("vllm-router", "sglang-router"):
+        try:
+            results["versions"][package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            results["versions"][package] = None
+    text = _markdown(results)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "routers.json").write_text(json.dumps(results, indent=2) + "\n")
+        (args.out / "routers.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
