@@ -36,10 +36,13 @@ from typing import Any, TypedDict
 
 import httpx
 
-from benchmarks import metrics
-from benchmarks.contenders._common import sum_stats
-from benchmarks.toolservice import ROOT, free_port, tool_service
-from benchmarks.workloads import WORKLOADS, emulator_settings, make_job, tool_config
+from langgraph_batch.bench import metrics
+from langgraph_batch.bench.contenders._common import sum_stats
+from langgraph_batch.bench.toolservice import free_port, tool_service
+from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings, make_job, tool_config
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository checkout this script runs from."""
 
 MODEL = "emulated-llama-3-8b"
 
@@ -282,7 +285,7 @@ def run_w4(
     job: dict[str, Any], replica_urls: Sequence[str], *, timeout: float = 600.0
 ) -> dict[str, Any]:
     """Run the job's contender process; its failures, makespan and prefill on the replicas."""
-    from benchmarks.harness import run_contender
+    from langgraph_batch.bench.harness import run_contender
 
     for url in replica_urls:
         metrics.reset_emulator(url)
@@ -400,9 +403,9 @@ async def _refine_run(base_url: str, n: int, session: Any, *, max_batch_size: in
     from langchain_core.messages import HumanMessage, SystemMessage
     from langgraph.graph import END, START, StateGraph
 
-    from benchmarks.workloads import sized
     from langgraph_batch import BatchedChatModel, BatchPolicy, fan_out
     from langgraph_batch.backends import SessionConfig
+    from langgraph_batch.bench.workloads import sized
 
     options: dict[str, Any] = {}
     if session != "default":
@@ -532,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results["batching"] = measure_batching(n=args.n, time_scale=args.time_scale)
     from importlib import metadata
 
-    from benchmarks.harness import versions
+    from langgraph_batch.bench.harness import versions
 
     results["versions"] = versions()
     for package in ("vllm-router", "sglang-router"):

@@ -92,6 +92,12 @@ class BatchPolicy:
     per sibling first, Autellix) or `fifo`. FIFO among equals in every mode."""
     batch_window_s: float = 0.002
     """How long batchable requests are collected before going out together (0: off)."""
+    gather_window_s: float = 0.01
+    """With `depth_first`: when nothing is in flight and a conversation the server
+    has seen before asks again, its request waits this long (0: off) so that the
+    burst it starts (every agent of a simulation's next tick) is sent in order,
+    most recently served first (their contexts are the likeliest still cached),
+    instead of in the order the siblings happened to start."""
     max_batch_size: int = 64
     """Most requests in one `complete_batch` call (1: batching off)."""
     max_retries: int = 2
@@ -165,6 +171,8 @@ class BatchPolicy:
             )
         if not self.batch_window_s >= 0:
             raise ValueError(f"batch_window_s={self.batch_window_s!r} must be >= 0")
+        if not self.gather_window_s >= 0:
+            raise ValueError(f"gather_window_s={self.gather_window_s!r} must be >= 0")
         _check_int("max_batch_size", self.max_batch_size, 1)
         _check_int("max_retries", self.max_retries, 0)
         if not self.backoff_base_s >= 0:

@@ -34,6 +34,7 @@ from langgraph_batch.backends.base import EngineMetrics
 from langgraph_batch.scheduler._config import BatchPolicy, PriorityMode
 from langgraph_batch.scheduler._decode_cap import DecodeCap
 from langgraph_batch.scheduler._decode_gate import DecodeGate
+from langgraph_batch.scheduler._gather import GatherGate
 from langgraph_batch.scheduler._item import (
     DONE,
     HELD,
@@ -99,6 +100,7 @@ class BatchPolicyCore:
         self._records_service = policy.priority == "las"
         self._attained = AttainedService()
         self._recency = Recency() if policy.priority == "depth_first" else None
+        self._gather = GatherGate(policy.gather_window_s if self._recency is not None else 0.0)
         self._batching = batching and policy.max_batch_size > 1 and policy.batch_window_s > 0
         self._window = policy.batch_window_s
         self._max_batch = policy.max_batch_size
@@ -303,6 +305,11 @@ class BatchPolicyCore:
             or (item.batchable and self._batching)
         ):
             return False
+        recency = self._recency
+        if recency is not None and self._gather.opens(
+            known=bool(recency.get(item.conversation)), in_flight=self._in_flight, now=now
+        ):
+            return False
         if not item.batchable and self._gate.cap is not None:
             room = self._gate.room(now)
             if room is not None and room <= 0:
@@ -374,6 +381,9 @@ class BatchPolicyCore:
             and when to ask again if a batch window is still open.
         """
         plan = Plan()
+        plan.wake_at = self._gather.holding(in_flight=self._in_flight, now=now)
+        if plan.wake_at is not None:
+            return plan  # a burst is gathering: it goes out in priority order after
         self._fill(plan, now)
         if (
             (self._queued or self._bqueued)

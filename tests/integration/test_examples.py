@@ -194,3 +194,16 @@ def test_bench_recipe_serves_random_weights_on_loopback(tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode != 0
     assert "MODEL" in missing.stderr
+
+
+def test_simulation_example(example_emulator: str) -> None:
+    url = example_emulator.replace("http://", "vllm://")
+    out = run_example("simulation.py", "--agents", "6", "--ticks", "3", "--backend-url", url)
+    assert f"backend: {url} model: emulated-llama-3-8b (EMULATED)" in out
+    for tick in (1, 2, 3):
+        assert f"tick {tick}: 6 acted, 0 failed" in out, out
+    # Rules and persona, then an action and an observation for each tick after the first.
+    assert "resident 0 remembers 6 messages" in out, out
+    stats = re.search(r"llm calls: (\d+) failed 0", out)
+    assert stats, out
+    assert int(stats.group(1)) == 6 * 3

@@ -606,3 +606,54 @@ def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
         order.append(granted)
         core.on_complete(granted, Outcome.OK, 1.0)
     assert order == [deep, items[1], items[2], items[0]]
+
+
+def test_a_burst_of_known_conversations_is_gathered_then_sent_most_recent_first() -> None:
+    from langgraph_batch.scheduler._priority import conversation_of
+
+    core = BatchPolicyCore(BatchPolicy(inflight_limit=2, decode_cap=False, gather_window_s=0.01))
+    convs = [
+        conversation_of([{"role": "system", "content": "rules"}, {"role": "user", "content": u}])
+        for u in ("agent 0", "agent 1", "agent 2")
+    ]
+    # Tick 1: nothing known yet, so the first call goes out at once (no window).
+    first = PolicyItem(conversation=convs[0])
+    assert core.try_acquire(first, 0.0)
+    core.on_complete(first, Outcome.OK, 0.1)
+    for conv in (convs[1], convs[2]):  # then agents 1 and 2 are served, in that order
+        item = PolicyItem(conversation=conv)
+        assert core.try_acquire(item, 0.2)
+        core.on_complete(item, Outcome.OK, 0.3)
+    # Tick 2 starts in agent order (0, 1, 2), nothing in flight: the first call of the
+    # burst opens the window instead of going out, and so does everything after it.
+    tick = [PolicyItem(conversation=c) for c in convs]
+    assert not core.try_acquire(tick[0], 1.0)
+    core.enqueue(tick[0], 1.0)
+    for item in tick[1:]:
+        assert not core.try_acquire(item, 1.005)
+        core.enqueue(item, 1.005)
+    held = core.plan(1.006)
+    assert held.dispatch == []
+    assert held.wake_at == pytest.approx(1.01)
+    # The window closed: most recently served first (2, then 1; 0 waits for a slot).
+    assert core.plan(1.011).dispatch == [tick[2], tick[1]]
+    # A window is never opened while something is in flight.
+    late = PolicyItem(conversation=convs[0])
+    assert not core.try_acquire(late, 1.02)  # queued behind tick[0], slots full
+
+
+def test_no_gather_window_with_other_priorities_or_when_off() -> None:
+    from langgraph_batch.scheduler._priority import conversation_of
+
+    conv = conversation_of([{"role": "user", "content": "x"}])
+    for policy in (
+        BatchPolicy(decode_cap=False, priority="fifo"),
+        BatchPolicy(decode_cap=False, gather_window_s=0.0),
+    ):
+        core = BatchPolicyCore(policy)
+        a = PolicyItem(conversation=conv)
+        assert core.try_acquire(a, 0.0)
+        core.on_complete(a, Outcome.OK, 0.1)
+        assert core.try_acquire(PolicyItem(conversation=conv), 1.0)  # known, yet at once
+    with pytest.raises(ValueError, match="gather_window_s"):
+        BatchPolicy(gather_window_s=-1.0)
