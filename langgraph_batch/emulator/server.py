@@ -274,6 +274,7 @@ class EmulatorServer:
                 scenario=str(merged.get("scenario", cfg.scenario)),
                 output_tokens=int(merged.get("output_tokens", cfg.output_tokens)),
                 turns=int(merged.get("turns", cfg.turns)),
+                repeat_tool_args=cfg.repeat_tool_args,
                 seed=cfg.seed,
             )
             slow = float(merged.get("slow_first_token_s", cfg.slow_first_token_s))
