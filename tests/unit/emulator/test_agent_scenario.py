@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from langgraph_batch.emulator.scenarios import ScenarioOptions, plan_chat
+from langgraph_batch.emulator.tokenizer import count_tokens
 
 TOOLS = [
     {
@@ -51,7 +52,7 @@ def test_turns_and_think_markers_shape_one_conversation() -> None:
     for content, args in turns[:-1]:
         assert content is not None
         assert content.startswith("Next:")
-        assert 10 <= len(content.split()) <= 41
+        assert 10 <= count_tokens(content) <= 40
         assert args is not None
     assert turns[-1][1] is None
     # Without markers: the server's turns, no text before the calls.
