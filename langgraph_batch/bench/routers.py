@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -448,8 +449,13 @@ def router_report(router: RouterProcess, *, time_scale: float) -> dict[str, Any]
     emulated seconds: wall x `time_scale`), `log_events` from its log, `programs`
     and `rolling` (its fitted TTL, mean cache hit) from `/scheduling/diagnostics`.
     """
+    try:
+        version: str | None = metadata.version(router.kind)
+    except metadata.PackageNotFoundError:
+        version = None
     out: dict[str, Any] = {
         "router": router.kind,
+        "version": version,
         "policy": router.policy,
         "program_scheduling": router.ps_config,
         "log_events": dict(sorted(router.events.items())),
@@ -494,7 +500,7 @@ def router_markdown(contenders: Mapping[str, Mapping[str, Any]]) -> list[str]:
         trans = ", ".join(f"{k} {v}" for k, v in (info.get("transitions") or {}).items())
         wait = info.get("pool_wait_mean_s")
         lines.append(
-            f"- {name}: {info['router']} `{info['policy']}`, {ps}"
+            f"- {name}: {info['router']} {info.get('version') or ''} `{info['policy']}`, {ps}"
             + (f"; programs {info['programs']}" if "programs" in info else "")
             + (f"; transitions: {trans}" if trans else "")
             + (

@@ -48,6 +48,7 @@ def test_router_contenders_complete_and_carry_program_identity(tmp_path: Path) -
         assert entry["failures"] == 0, entry["errors"]
         assert entry["llm_requests"] == turns, name
         assert entry["router"]["router"] == "vllm-router"
+        assert entry["router"]["version"]
     assert results["naive-router"]["router"]["transitions"] == {}  # no program scheduling
     for name in ("naive-router-ps", "langgraph-batch-router-ps"):
         info = results[name]["router"]

@@ -46,9 +46,9 @@ def test_the_cli_takes_router_contenders_on_agent_workloads_only() -> None:
 
 def test_a_router_contender_runs_its_base_module_and_job() -> None:
     assert harness.module_for("W8", "naive-bounded-24-router-ps") == harness.MODULES["naive"]
-    assert harness.module_for("W8", "langgraph-batch-router-ps") == harness.MODULES[
-        "langgraph-batch"
-    ]
+    assert (
+        harness.module_for("W8", "langgraph-batch-router-ps") == harness.MODULES["langgraph-batch"]
+    )
     wl = WORKLOADS["W8"]
     kw = {"n": 2, "seed": 0, "llm_url": "http://e", "tool_url": "http://t", "model": "m"}
     assert make_job(wl, contender="naive-bounded-24-router-ps", **kw)["max_concurrency"] == 24
