@@ -567,9 +567,14 @@ def summary_markdown(results: Sequence[Mapping[str, Any]], command: str, date: s
 
 
 def rerender(out_dir: Path) -> None:
-    """Recompute ratios and goals of every `<out>/W*.json` and rewrite its .md/.png."""
+    """Recompute ratios and goals of every `<out>/W<n>.json` and rewrite its .md/.png.
+
+    Other runs kept beside them (`W8_router.json`) are left alone.
+    """
     results = []
     for path in sorted(out_dir.glob("W*.json")):
+        if not path.stem[1:].isdigit():
+            continue
         result = json.loads(path.read_text())
         result["ratios"] = ratios(result["contenders"])
         result["goals"] = goals(result["workload"], result["contenders"], result["params"]["n"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 
@@ -152,3 +154,9 @@ def test_a_plain_langgraph_agent_names_its_program_in_a_header() -> None:
     assert h1["X-Session-ID"] == routers.session_id("fix issue 1")
     assert h1["X-Session-ID"] != h2["X-Session-ID"]
     assert naive._session({"tasks": ["t"]}) is None  # no router: no header
+
+
+def test_rerender_leaves_runs_kept_beside_the_workloads_alone(tmp_path: Path) -> None:
+    (tmp_path / "W8_router.json").write_text("{}")  # not a W<n>.json: never read
+    report.rerender(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["W8_router.json"]
