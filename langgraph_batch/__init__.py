@@ -17,6 +17,7 @@ Which module owns which decision:
     scheduler/_policy         what goes next: plan(pending, now), pure; composes
       _limit _decode_gate     the in-flight limit (slow start, AIMD); the decode cap
       _warming _priority      the prefix-warming gate; priority key functions
+      _gather                 a burst of known conversations goes out in order
     scheduler/_runner         the Scheduler: lifecycle; _attempt runs one request
                               in its caller's task, _dispatch performs the plans
     scheduler/_capacity       the server's KV capacity and the KVLedger every
@@ -25,7 +26,9 @@ Which module owns which decision:
     backends/_transport       the HTTP seam: sharded connections, the one error map
     backends/_batching, pool  batched prompts shared by vllm/sglang; replica routing
     tools/                    coalescing, single-flight, ToolNode hook, middleware
-    nodes/fan_out             the node; _admission the gate, _run one run's state,
+    nodes/fan_out             the node; _admission the gate (program-level KV
+                              admission, pauses), _forecast what a run learns of its
+                              contexts and tool waits, _run one run's state,
                               _results results in order, _remote siblings elsewhere
     distributed/, emulator/   Redis execution; the emulated vLLM/SGLang server
 """
