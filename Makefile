@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test lint type format unit integration standard chaos bench emulate clean redis-server
+.PHONY: demo test docs lint type format unit integration standard chaos bench emulate clean redis-server
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -14,6 +14,12 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# The docs' tools (the `docs` extra), on top of the same environment.
+$(VENV)/.docs-installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -39,6 +45,11 @@ redis-server:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
+
+## The docs site (docs/, mkdocs.yml) into site/, strict: a broken link, anchor or
+## cross-reference, or a page missing from the nav, fails the build.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -q --disable-socket --allow-unix-socket
@@ -72,4 +83,4 @@ emulate: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch emulate
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site
