@@ -28,13 +28,13 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
 
-## Lint, type check and the whole suite (unit, standard, integration).
+## Lint, type check, the docs (strict) and the whole suite (unit, standard, integration).
 # The suite takes ~7 min on 2 cores. A hang that escapes pytest-timeout (seen
 # twice, in an event loop's teardown) prints every thread's stack after 120 s
 # (pytest's faulthandler_timeout) and the watchdog then fails the run (SIGINT,
 # then SIGKILL) instead of leaving an idle CI job.
 SUITE_TIMEOUT ?= 1500
-test: $(VENV)/.installed redis-server lint type
+test: $(VENV)/.installed redis-server lint type docs
 	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider
 
 # The distributed-mode tests start real redis-server processes: install it when
