@@ -129,6 +129,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="diagnostics: a BatchedChatModel option for the langgraph-batch contender "
         "(recorded in params; reported runs use none)",
     )
+    parser.add_argument(
+        "--emulator-option",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="diagnostics: an EmulatorConfig option for the emulated server, e.g. "
+        "repeat_tool_args=true (recorded in params; reported runs use none)",
+    )
     args = parser.parse_args(list(argv))
     if args.out is None:
         args.out = default_out()
@@ -228,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout=args.timeout,
                 trace=args.trace,
                 lgb_options=dict(_parse_option(o) for o in args.lgb_option),
+                emulator_options=dict(_parse_option(o) for o in args.emulator_option),
                 target=target,
             )
         except RuntimeError as exc:  # the live server does not answer or lacks the model

@@ -339,8 +339,12 @@ def run_workload(
     trace: bool = False,
     lgb_options: dict[str, Any] | None = None,
     target: live.ServerTarget | None = None,
+    emulator_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every contender on one workload; returns the results dict."""
+    """Run every contender on one workload; returns the results dict.
+
+    `emulator_options` (diagnostics) override the emulated server's config.
+    """
     if target is not None:
         return _run_live(
             wl, n=n, contenders=contenders, seed=seed, timeout=timeout, target=target,
@@ -362,6 +366,7 @@ def run_workload(
     }
     if wl.kv_tokens is not None:
         emu_kwargs["kv_tokens"] = wl.kv_tokens
+    emu_kwargs.update(emulator_options or {})
     cfg = EmulatorConfig(**emu_kwargs)
     results: dict[str, Any] = {}
     warnings: list[str] = []
@@ -428,12 +433,13 @@ def run_workload(
                 entry["server_trace"] = samples
             results[name] = entry
             _log_entry(wl.id, name, entry, wall)
-    server = {
+    server: dict[str, Any] = {
         "url": urls[0] if len(urls) == 1 else urls,
         "emulator": True,
         "profile": wl.profile,
         "flavor": wl.flavor,
         "model": MODEL,
+        "options": emulator_options or {},
     }
     return _result(wl, n, seed, time_scale, lgb_options, results, warnings, server)
 
