@@ -57,7 +57,7 @@ from langgraph_batch.errors import (
     SiblingFailedError,
 )
 from langgraph_batch.nodes import SiblingError, fan_out
-from langgraph_batch.scheduler import BatchPolicy, Scheduler
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
 from langgraph_batch.tools import BatchToolNode, coalesce, tool_stats
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ __all__ = (
     "LangGraphBatchError",
     "MalformedToolCallError",
     "ModelNotFoundError",
+    "RetryPolicy",
     "Scheduler",
     "SchedulerClosedError",
     "SchedulerDeadError",

@@ -89,7 +89,7 @@ _BOUNDS: dict[str, tuple[float, bool, str]] = {
     "max_tokens": (1, True, "the server's default"),
     "temperature": (0, True, "the server's default"),
     "max_inflight": (1, True, ""),
-    "max_retries": (0, True, ""),
+    "max_retries": (0, True, "the scheduler policy's retry.max_attempts - 1"),
 }
 
 
@@ -174,8 +174,9 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
     `timeout`."""
     total_timeout: float | None = None
     """Limit on one call including queue wait and retries, in seconds (None: no limit)."""
-    max_retries: int = 2
-    """Retries of transient failures (429, 5xx, dropped connections), done by the scheduler."""
+    max_retries: int | None = None
+    """Retries of transient failures (429, 5xx, dropped connections) by the scheduler; set, it
+    wins for this model's calls (`Scheduler.submit`), None: `BatchPolicy.retry`'s (2)."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""

@@ -19,17 +19,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch._retry_policy import Delivery
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
 from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError, SchedulerError
 from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
-from langgraph_batch.scheduler._retry import (
-    backoff,
-    log_failure,
-    log_retry,
-    outcome_of,
-    retryable,
-)
+from langgraph_batch.scheduler._retry import log_failure, log_retry, outcome_of
 from langgraph_batch.scheduler._state import SchedulerState
 from langgraph_batch.scheduler._stats import StatsRecorder
 
@@ -106,18 +101,11 @@ class RequestAttempts:
         core = self._core
         clock = time.monotonic
         t0 = clock()
-        delivered = 0
-        cb = on_chunk
-        if on_chunk is not None and request.stream:
-
-            def cb(chunk: ChatChunk) -> None:
-                # Only content and tool-call fragments reach the caller's output; a
-                # stream that fails before the first of them is retried like any call.
-                nonlocal delivered
-                if chunk.content or chunk.tool_call_chunks:
-                    delivered += 1
-                on_chunk(chunk)
-
+        retry = self._policy.retry
+        # Only content and tool-call fragments reach the caller's output; a stream
+        # that fails before the first of them is retried like any call.
+        delivery = Delivery()
+        cb = delivery.wrap(on_chunk) if on_chunk is not None and request.stream else on_chunk
         attempt = 0
         while True:
             try:
@@ -141,8 +129,8 @@ class RequestAttempts:
             except Exception as exc:
                 if isinstance(exc, MalformedToolCallError):
                     self._stats.malformed_tool_calls += 1
-                if self._state is not SchedulerState.OPENED or not retryable(
-                    exc, attempt=attempt, max_retries=max_retries, delivered=delivered
+                if self._state is not SchedulerState.OPENED or not retry.should_retry(
+                    exc, attempt=attempt, delivery=delivery, max_retries=max_retries
                 ):
                     self._stats.record_failure(exc)
                     log_failure(
@@ -151,12 +139,14 @@ class RequestAttempts:
                         sibling,
                         exc,
                         attempt=attempt,
-                        delivered=delivered,
+                        delivered=delivery.delivered,
                     )
                     raise
                 attempt += 1
                 self._stats.record_retry(exc)
-                delay = backoff(self._policy, self._rng, attempt, exc)
+                delay = retry.interval(
+                    attempt, self._rng, retry_after=getattr(exc, "retry_after_s", None)
+                )
                 log_retry(
                     self.name,
                     request.request_id,

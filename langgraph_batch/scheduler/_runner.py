@@ -400,7 +400,10 @@ class Scheduler(RequestAttempts, DispatchLoop):
             request: the chat completion to run.
             turn: LLM calls the caller has completed (default: `sibling.turn`, else 0).
             sibling: the calling sibling (`current_sibling()`), for priority, stats and logs.
-            max_retries: retries of retryable errors (default: the policy's).
+            max_retries: retries of this call's retryable errors. The one
+                precedence rule: this when given (`BatchedChatModel` passes its
+                `max_retries` when set), else `policy.retry.max_attempts - 1`;
+                which errors and how long between come from `policy.retry`.
             timeout: seconds for queue wait + call + retries (default: the policy's).
             on_chunk: called with every streamed delta (needs `request.stream`).
             check: called with each response; a retryable error it raises (e.g.
@@ -440,8 +443,8 @@ class Scheduler(RequestAttempts, DispatchLoop):
             timeout = self._policy.timeout
         elif not timeout > 0:
             raise ValueError(f"timeout={timeout!r} must be > 0 seconds (or None)")
-        if max_retries is None:
-            max_retries = self._policy.max_retries
+        if max_retries is None:  # the one precedence rule: the call's budget, else the policy's
+            max_retries = self._policy.retry.max_retries
         prefix = prefix_key(request) if self._warming else None
         if sibling is not None and request.route_key is None:
             request = replace(request, route_key=sibling_route_key(sibling.sibling_id))
