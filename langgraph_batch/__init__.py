@@ -61,7 +61,7 @@ from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
 from langgraph_batch.tools import BatchToolNode, coalesce, tool_stats
 
 if TYPE_CHECKING:
-    from langgraph_batch.tools._middleware import BatchMiddleware
+    from langgraph_batch.tools import BatchMiddleware
 
 __all__ = (
     "BackendAuthenticationError",
@@ -111,7 +111,7 @@ def __getattr__(name: str) -> Any:
     # BatchMiddleware needs the optional `langchain` package (create_agent):
     # import it on first use so the core install does not require it.
     if name == "BatchMiddleware":
-        from langgraph_batch.tools._middleware import BatchMiddleware
+        from langgraph_batch.tools import BatchMiddleware
 
         return BatchMiddleware
     home = _MOVED.get(name)

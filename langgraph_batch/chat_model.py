@@ -61,8 +61,7 @@ from langgraph_batch._structured import (
     structured_output,
     to_response_format,
 )
-from langgraph_batch.backends import SessionConfig, backend_from_url, backend_key
-from langgraph_batch.backends._factory import check_api_key
+from langgraph_batch.backends import SessionConfig, backend_from_url, backend_key, check_api_key
 from langgraph_batch.backends.base import (
     Backend,
     ChatChunk,

@@ -63,8 +63,7 @@ from langgraph_batch.errors import (
     DistributedError,
     DistributedTimeoutError,
 )
-from langgraph_batch.nodes._remote import RemoteEvent
-from langgraph_batch.nodes.fan_out import SiblingError
+from langgraph_batch.nodes import RemoteEvent, SiblingError
 
 __all__ = ("RedisExecutor",)
 

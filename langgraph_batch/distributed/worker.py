@@ -70,11 +70,9 @@ from langgraph_batch.distributed._serde import (
 )
 from langgraph_batch.distributed._singleflight import RedisFlightStore
 from langgraph_batch.errors import DistributedError, InputValidationError
-from langgraph_batch.nodes._admission import SiblingAdmission
-from langgraph_batch.nodes._run import forget_run
-from langgraph_batch.nodes.fan_out import SiblingError
+from langgraph_batch.nodes import SiblingAdmission, SiblingError
 from langgraph_batch.scheduler.registry import set_backend_wrapper
-from langgraph_batch.tools._singleflight import set_flight_store
+from langgraph_batch.tools import forget_run, set_flight_store
 
 __all__ = ("Worker", "load_graph")
 
