@@ -226,6 +226,10 @@ async def stream_call(
             task.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
+        elif not task.cancelled():
+            # The consumer left just as the call ended: its outcome is nobody's now
+            # (unread, asyncio would report "Task exception was never retrieved").
+            task.exception()
     if sibling is not None:
         sibling.turn += 1
         record_context(sibling, response)
