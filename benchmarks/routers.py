@@ -13,7 +13,8 @@ siblings (turn 1 is batchable) through a router with each batching rule.
 python -m benchmarks.routers --n 64 --out benchmarks/results    # routers.json / routers.md
 ```
 
-`RouterProcess` is also what `tests/integration/test_routers.py` starts.
+`RouterProcess` (`langgraph_batch/bench/routers.py`, re-exported here) is also what
+`tests/integration/test_routers.py` starts.
 """
 
 from __future__ import annotations
@@ -21,12 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
-import importlib.util
 import json
 import random
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -38,175 +35,28 @@ import httpx
 
 from langgraph_batch.bench import metrics
 from langgraph_batch.bench.contenders._common import sum_stats
-from langgraph_batch.bench.toolservice import free_port, tool_service
+from langgraph_batch.bench.routers import (
+    FAST_HEALTH,
+    ROUTERS,
+    RouterProcess,
+    router_command,
+    router_unavailable,
+)
+from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings, make_job, tool_config
-
-ROOT = Path(__file__).resolve().parent.parent
-"""The repository checkout this script runs from."""
 
 MODEL = "emulated-llama-3-8b"
 
-ROUTERS: dict[str, tuple[str, ...]] = {
-    "vllm-router": ("consistent_hash", "cache_aware"),
-    "sglang-router": ("manual", "cache_aware"),
-}
-"""The routers and the policies measured (`manual`, `consistent_hash`: key-based)."""
-
-# Replicas that die are noticed within a second or two (the routers' defaults check
-# health every 60 s and only trip a circuit breaker after 10 failures).
-FAST_HEALTH = (
-    "--health-check-interval-secs",
-    "1",
-    "--health-failure-threshold",
-    "1",
-    "--health-check-timeout-secs",
-    "1",
+__all__ = (
+    "FAST_HEALTH",
+    "ROUTERS",
+    "RouterProcess",
+    "measure_batching",
+    "measure_router",
+    "router_command",
+    "router_unavailable",
+    "run_with_kill",
 )
-
-
-@functools.cache
-def router_unavailable(kind: str) -> str | None:
-    """Why the `kind` router cannot run here (None: it installs and starts)."""
-    if kind == "vllm-router":
-        exe = Path(sys.executable).with_name("vllm-router")
-        if not exe.exists() and shutil.which("vllm-router") is None:
-            return "vllm-router is not installed (pip install vllm-router: the `test` extra)"
-        cmd = [str(exe) if exe.exists() else "vllm-router", "--help"]
-    elif kind == "sglang-router":
-        if importlib.util.find_spec("sglang_router") is None:
-            return "sglang-router is not installed (pip install sglang-router: the `test` extra)"
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--help"]
-    else:
-        raise ValueError(f"unknown router {kind!r}; use one of {sorted(ROUTERS)}")
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{kind} is installed but cannot run here: {exc}"
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip()[-300:]
-        return f"{kind} is installed but cannot run here (exit {done.returncode}): {tail}"
-    return None
-
-
-def router_command(
-    kind: str, policy: str, port: int, workers: Sequence[str], *, extra: Sequence[str] = ()
-) -> list[str]:
-    """The command line that serves `kind` with `policy` on loopback `port`."""
-    prom = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]
-    common += ["--policy", policy, *prom, *extra]
-    if kind == "vllm-router":
-        exe = Path(sys.executable).with_name("vllm-router")
-        return [str(exe) if exe.exists() else "vllm-router", *common]
-    if kind == "sglang-router":
-        return [sys.executable, "-m", "sglang_router.launch_router", *common]
-    raise ValueError(f"unknown router {kind!r}; use one of {sorted(ROUTERS)}")
-
-
-class RouterProcess:
-    """A router in front of `workers`, in its own process, on a free loopback port.
-
-    Example:
-        ```python
-        with RouterProcess("vllm-router", "consistent_hash", urls) as router:
-            llm = BatchedChatModel(model=MODEL, base_url=f"vllm://{router.address}")
-        ```
-    """
-
-    def __init__(
-        self,
-        kind: str,
-        policy: str,
-        workers: Sequence[str],
-        *,
-        extra: Sequence[str] = FAST_HEALTH,
-        startup_timeout: float = 60.0,
-    ) -> None:
-        self.kind = kind
-        self.policy = policy
-        self.workers = list(workers)
-        self.port = free_port()
-        self.command = router_command(kind, policy, self.port, self.workers, extra=extra)
-        self.startup_timeout = startup_timeout
-        self._proc: subprocess.Popen[str] | None = None
-        self._output: list[str] = []
-
-    @property
-    def url(self) -> str:
-        """`http://127.0.0.1:PORT`."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def address(self) -> str:
-        """`127.0.0.1:PORT` (for `vllm://` and `sglang://` URLs)."""
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def output(self) -> str:
-        """What the router printed (its last 400 lines)."""
-        return "".join(self._output[-400:])
-
-    def start(self) -> None:
-        """Start the router and wait until it lists every worker and serves `/v1/models`.
-
-        Raises:
-            RuntimeError: it exited or was not ready in time (with its output).
-        """
-        self._proc = subprocess.Popen(
-            self.command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=str(ROOT),
-        )
-        threading.Thread(target=self._pump, name=f"{self.kind}-output", daemon=True).start()
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"{self.kind} exited at start:\n{self.output[-4000:]}")
-            if self._ready():
-                return
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"{self.kind} was not ready in time:\n{self.output[-4000:]}")
-
-    def _pump(self) -> None:
-        proc = self._proc
-        if proc is None or proc.stdout is None:
-            return
-        for line in proc.stdout:
-            self._output.append(line)
-            if len(self._output) > 4000:
-                del self._output[:2000]
-
-    def _ready(self) -> bool:
-        try:
-            workers = httpx.get(self.url + "/workers", timeout=2.0).json().get("workers") or []
-            models = httpx.get(self.url + "/v1/models", timeout=2.0)
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return False
-        healthy = [w for w in workers if w.get("is_healthy", True)]
-        return len(healthy) >= len(self.workers) and models.status_code == 200
-
-    def stop(self) -> None:
-        """Terminate the router (kill after 5 s). Idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-    def __enter__(self) -> RouterProcess:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager

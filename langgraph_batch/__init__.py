@@ -20,6 +20,7 @@ Which module owns which decision:
     scheduler/_policy         what goes next: plan(pending, now), pure; composes
       _limit _decode_gate     the in-flight limit (slow start, AIMD); the decode cap
       _warming _priority      the prefix-warming gate; priority key functions
+      _gather                 a burst of known conversations goes out in order
     scheduler/_runner         the Scheduler: lifecycle; its collaborators _attempt (one
                               request in its caller's task), _dispatch (performs the
                               plans), _state.Lifecycle (the state they share)
@@ -31,7 +32,9 @@ Which module owns which decision:
                               table, for every backend path (LangChainBackend too)
     backends/_batching, pool  batched prompts shared by vllm/sglang; replica routing
     tools/                    coalescing, single-flight, ToolNode hook, middleware
-    nodes/fan_out             the node; _admission the gate, _run one run's state,
+    nodes/fan_out             the node; _admission the gate (program-level KV
+                              admission, pauses), _forecast what a run learns of its
+                              contexts and tool waits, _run one run's state,
                               _results results in order, _remote siblings elsewhere
     distributed/              Redis execution; _redis_wait: every wait on an
                               unreachable Redis (one cap, one give-up rule)

@@ -14,6 +14,10 @@ carries `"type": "lgb.fan_out"` plus the counters needed to draw a bar:
  "active": 32, "stats": {...scheduler stats...}}
 ```
 
+The `done` event adds `peak_active` (the most siblings active at once) and
+`pauses` (how many times a sibling waiting on a tool gave up its KV booking
+because the siblings' contexts outgrew the server's cache).
+
 For scripts and `make demo`, `render_progress` wraps a stream and draws a
 bar on stderr (or any text stream): one line redrawn in place on a TTY,
 plain throttled lines otherwise:

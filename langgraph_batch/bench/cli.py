@@ -31,6 +31,7 @@ from langgraph_batch.bench.harness import (
     run_workload,
 )
 from langgraph_batch.bench.live import ServerTarget
+from langgraph_batch.bench.routers import split_router
 from langgraph_batch.bench.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
 
 ALL_CONTENDERS = (
@@ -52,10 +53,19 @@ def known_contenders(workload: str) -> tuple[str, ...]:
     return ALL_CONTENDERS
 
 
+ROUTER_BASES = ("naive", "langgraph-batch")
+"""Contenders that also run through vllm-router (`<base>-router`, `<base>-router-ps`;
+`naive-bounded-<k>` too): `langgraph_batch/bench/routers.py`."""
+
+
 def is_known(workload: str, contender: str) -> bool:
     """Whether `workload` can run `contender`."""
     if contender in known_contenders(workload):
         return True
+    base, mode = split_router(contender)
+    if mode is not None:
+        agents = workload not in SINGLE_TURN and not WORKLOADS[workload].simulation
+        return agents and (base in ROUTER_BASES or _bounded(base))
     try:
         return workload not in SINGLE_TURN and bounded_concurrency(contender) is not None
     except ValueError:
@@ -83,7 +93,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         default=None,
-        help=f"comma-separated subset of {','.join(ALL_CONTENDERS)} (default: the workload's)",
+        help=f"comma-separated subset of {','.join(ALL_CONTENDERS)} (default: the workload's); "
+        "agent workloads also take naive-bounded-<k>, and naive[-bounded-<k>]-router[-ps] and "
+        "langgraph-batch-router[-ps]: the same through vllm-router (-ps: its program scheduling)",
     )
     parser.add_argument(
         "--time-scale",
@@ -128,6 +140,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="NAME=JSON",
         help="diagnostics: a BatchedChatModel option for the langgraph-batch contender "
         "(recorded in params; reported runs use none)",
+    )
+    parser.add_argument(
+        "--emulator-option",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="diagnostics: an EmulatorConfig option for the emulated server, e.g. "
+        "repeat_tool_args=true (recorded in params; reported runs use none)",
     )
     args = parser.parse_args(list(argv))
     if args.out is None:
@@ -206,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown:
                 log(
                     f"{wid}: unknown contender(s) {unknown}; choose from {', '.join(known)} "
-                    "or naive-bounded-<k>"
+                    "or naive-bounded-<k> (agent workloads: also naive[-bounded-<k>]-router[-ps], "
+                    "langgraph-batch-router[-ps])"
                 )
                 return 2
     written: list[dict[str, Any]] = []
@@ -228,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout=args.timeout,
                 trace=args.trace,
                 lgb_options=dict(_parse_option(o) for o in args.lgb_option),
+                emulator_options=dict(_parse_option(o) for o in args.emulator_option),
                 target=target,
             )
         except RuntimeError as exc:  # the live server does not answer or lacks the model

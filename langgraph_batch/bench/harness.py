@@ -35,6 +35,7 @@ import httpx
 from langgraph_batch.bench import live, metrics, report, timeline
 from langgraph_batch.bench._paths import batchagent_venv, checkout_root, child_env, package_parent
 from langgraph_batch.bench.contenders import RESULT_PREFIX, sum_stats
+from langgraph_batch.bench.routers import point_job_at, split_router, start_router, stop_router
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.bench.workloads import (
     SINGLE_TURN,
@@ -162,7 +163,8 @@ def lower_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
 
 
 def module_for(workload: str, name: str) -> str:
-    """The module a contender of `workload` runs."""
+    """The module a contender of `workload` runs (a router contender: its base's)."""
+    name = split_router(name)[0]
     if workload in SINGLE_TURN:
         return SINGLE_TURN_MODULE
     if workload in WORKLOADS and WORKLOADS[workload].simulation:  # a replay: agents
@@ -339,8 +341,12 @@ def run_workload(
     trace: bool = False,
     lgb_options: dict[str, Any] | None = None,
     target: live.ServerTarget | None = None,
+    emulator_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every contender on one workload; returns the results dict."""
+    """Run every contender on one workload; returns the results dict.
+
+    `emulator_options` (diagnostics) override the emulated server's config.
+    """
     if target is not None:
         return _run_live(
             wl, n=n, contenders=contenders, seed=seed, timeout=timeout, target=target,
@@ -362,6 +368,7 @@ def run_workload(
     }
     if wl.kv_tokens is not None:
         emu_kwargs["kv_tokens"] = wl.kv_tokens
+    emu_kwargs.update(emulator_options or {})
     cfg = EmulatorConfig(**emu_kwargs)
     results: dict[str, Any] = {}
     warnings: list[str] = []
@@ -392,10 +399,22 @@ def run_workload(
             )
             if lgb_options:
                 job["lgb_options"] = lgb_options
+            router = None
+            if (mode := split_router(name)[1]) is not None:  # through vllm-router
+                try:
+                    router = start_router(mode, urls, profile=wl.profile, time_scale=time_scale)
+                except RuntimeError as exc:
+                    log(f"{wl.id}: {name} skipped: {exc}")
+                    results[name] = {"error": f"skipped: {str(exc)[:300]}"}
+                    continue
+                point_job_at(job, router)
             t0 = time.monotonic()
-            client, error, samples = run_contender(
-                name, job, timeout=timeout, trace_urls=urls if trace else None
-            )
+            try:
+                client, error, samples = run_contender(
+                    name, job, timeout=timeout, trace_urls=urls if trace else None
+                )
+            finally:
+                router_info = stop_router(router, time_scale=time_scale)
             wall = time.monotonic() - t0
             if client is None:
                 log(f"{wl.id}: {name} FAILED: {error}")
@@ -426,14 +445,17 @@ def run_workload(
                 entry["requests_per_replica"] = stats.get("per_replica_requests")
             if trace:
                 entry["server_trace"] = samples
+            if router_info is not None:
+                entry["router"] = router_info
             results[name] = entry
             _log_entry(wl.id, name, entry, wall)
-    server = {
+    server: dict[str, Any] = {
         "url": urls[0] if len(urls) == 1 else urls,
         "emulator": True,
         "profile": wl.profile,
         "flavor": wl.flavor,
         "model": MODEL,
+        "options": emulator_options or {},
     }
     return _result(wl, n, seed, time_scale, lgb_options, results, warnings, server)
 
@@ -518,6 +540,9 @@ def _run_live(
                 continue
             if name == "batchagent":
                 results[name] = {"error": "batchagent cannot force the workload's shapes"}
+                continue
+            if split_router(name)[1] is not None:
+                results[name] = {"error": "router contenders run on the emulator only"}
                 continue
             # A fresh random prefix per contender: no contender reuses another's cache.
             prompts = (live.run_nonce() + system[nonce_end:], tasks)

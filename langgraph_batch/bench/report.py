@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from langgraph_batch.bench.routers import router_markdown, split_router
+
 LGB = "langgraph-batch"
 
 #: Per-contender keys every non-ideal entry carries (the issue's list).
@@ -130,7 +132,9 @@ def best_bounded(contenders: Mapping[str, Mapping[str, Any]]) -> str | None:
     runs = [
         (m, name)
         for name, entry in contenders.items()
-        if name.startswith("naive-bounded") and (m := _num(entry, "makespan_s")) is not None
+        if name.startswith("naive-bounded")
+        and split_router(name)[1] is None
+        and (m := _num(entry, "makespan_s")) is not None
     ]
     return min(runs)[1] if runs else None
 
@@ -420,6 +424,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             )
             lines.append("")
     lines += breakdown_markdown(contenders)
+    lines += router_markdown(contenders)
     nobatch = _num(contenders.get("langgraph-batch-nobatch"), "makespan_s")
     if nobatch is not None and _num(lgb, "makespan_s"):
         lines.append(
@@ -562,9 +567,14 @@ def summary_markdown(results: Sequence[Mapping[str, Any]], command: str, date: s
 
 
 def rerender(out_dir: Path) -> None:
-    """Recompute ratios and goals of every `<out>/W*.json` and rewrite its .md/.png."""
+    """Recompute ratios and goals of every `<out>/W<n>.json` and rewrite its .md/.png.
+
+    Other runs kept beside them (`W8_router.json`) are left alone.
+    """
     results = []
     for path in sorted(out_dir.glob("W*.json")):
+        if not path.stem[1:].isdigit():
+            continue
         result = json.loads(path.read_text())
         result["ratios"] = ratios(result["contenders"])
         result["goals"] = goals(result["workload"], result["contenders"], result["params"]["n"])

@@ -13,6 +13,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from langgraph_batch.bench.routers import split_router
 from langgraph_batch.bench.toolservice import ToolServiceConfig
 from langgraph_batch.emulator.tokenizer import count_tokens
 
@@ -500,6 +501,7 @@ def make_job(
     urls = [llm_url] if isinstance(llm_url, str) else list(llm_url)
     system, tasks = prompts or (system_prompt(wl, seed), [task_text(wl, i, seed) for i in range(n)])
     forced = live is not None or wl.id in SINGLE_TURN
+    base = split_router(contender)[0]  # a router contender runs its base's job
     return {
         "workload": wl.id,
         "contender": contender,
@@ -508,7 +510,7 @@ def make_job(
         "flavor": (live or {}).get("flavor") or wl.flavor,
         "lgb_url": (live or {}).get("lgb_url"),
         "server": {"live": live is not None},
-        "routing": "round_robin" if contender.endswith("-rr") else None,
+        "routing": "round_robin" if base.endswith("-rr") else None,
         "tool_url": tool_url,
         "model": model,
         "system_prompt": system,
@@ -522,7 +524,7 @@ def make_job(
         "tool_keys": sorted({wl.key(i) for i in range(n)}) if wl.tools else [],
         "turns_per_task": [wl.turns_for(i, seed) for i in range(n)],
         "answer_tokens": wl.final_tokens,
-        "max_concurrency": bounded_concurrency(contender),
+        "max_concurrency": bounded_concurrency(base),
         "max_inflight": 32,
         "seed": seed,
         # Simulations (W9): the world loop, its update latency shrunk with the clock.

@@ -129,6 +129,7 @@ class Serving:
                 scenario=str(merged.get("scenario", cfg.scenario)),
                 output_tokens=int(merged.get("output_tokens", cfg.output_tokens)),
                 turns=int(merged.get("turns", cfg.turns)),
+                repeat_tool_args=cfg.repeat_tool_args,
                 seed=cfg.seed,
             )
             slow = float(merged.get("slow_first_token_s", cfg.slow_first_token_s))
@@ -173,9 +174,20 @@ class Serving:
         # SGLang: a higher value runs earlier; the engine runs lower first.
         return -value if self.config.flavor == "sglang" else value
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence served: `--max-model-len`, at most the KV cache's capacity.
+
+        vLLM refuses to start when its KV cache cannot hold one sequence of
+        `max_model_len` tokens; the emulator serves the longest one its cache
+        holds instead, so that a prompt it could never schedule gets vLLM's
+        context-length 400 rather than waiting forever.
+        """
+        return min(self.config.max_model_len, self.engine.kv_capacity_tokens)
+
     def max_tokens(self, body: Mapping[str, Any], prompt_len: int, *, default: int | None) -> int:
         """Validated max_tokens against max_model_len (vLLM's messages)."""
-        mml = self.config.max_model_len
+        mml = self.max_model_len
         if prompt_len >= mml:
             raise RequestError(
                 f"This model's maximum context length is {mml} tokens. However, your request "

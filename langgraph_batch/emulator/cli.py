@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-tokens", type=int, default=d.output_tokens,
                    help="length of a final answer / echo text")  # fmt: skip
     p.add_argument("--turns", type=int, default=d.turns, help="agent: model calls per conversation")
+    p.add_argument("--repeat-tool-args", action=argparse.BooleanOptionalAction,
+                   default=d.repeat_tool_args,
+                   help="agent: later tool calls repeat the first one's arguments")  # fmt: skip
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=d.enable_prefix_caching)  # fmt: skip
     p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction,
@@ -84,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         seed=args.seed,
         output_tokens=args.output_tokens,
         turns=args.turns,
+        repeat_tool_args=args.repeat_tool_args,
         enable_prefix_caching=args.enable_prefix_caching,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         prompt_tokens_details=args.prompt_tokens_details,

@@ -50,6 +50,10 @@ class EmulatorConfig:
     """Default length of a final answer / echo text, in tokens."""
     turns: int = 2
     """Agent scenario: model calls per conversation (turns-1 tool calls)."""
+    repeat_tool_args: bool = False
+    """Agent scenario: every tool call of a conversation repeats its first one's
+    arguments (the scenario before per-turn arguments: what coalescing answers
+    from its cache); off, the n-th later call asks for `<key>.<n>`."""
     enable_auto_tool_choice: bool = True
     """Like vLLM's --enable-auto-tool-choice; off: `tool_choice: auto` is a 400."""
     prompt_tokens_details: bool = True
@@ -130,6 +134,8 @@ class EmulatorConfig:
             argv.append(f"--kv-tokens={self.kv_tokens}")
         if self.agentic_context:
             argv.append("--agentic-context")
+        if self.repeat_tool_args:
+            argv.append("--repeat-tool-args")
         if not self.enable_prefix_caching:
             argv.append("--no-enable-prefix-caching")
         if not self.enable_auto_tool_choice:

@@ -74,6 +74,8 @@ class ScenarioOptions:
     """Length of a final answer (agent) or of the text (echo)."""
     turns: int = 2
     """Model calls per agent conversation: turns-1 tool calls, then the answer."""
+    repeat_tool_args: bool = False
+    """Every tool call repeats the first one's arguments (else `<key>.<n>` on the n-th later)."""
     seed: int = 0
 
 
@@ -338,7 +340,8 @@ def plan_chat(
         tool = _choose_tool(tools, tool_choice, user)
         if tool is not None:
             params = tool.get("parameters") or {"type": "object", "properties": {}}
-            args = value_for_schema(params, key=call_key(key, n_tool_results), rng=rng)
+            calls_before = 0 if options.repeat_tool_args else n_tool_results
+            args = value_for_schema(params, key=call_key(key, calls_before), rng=rng)
             arguments = json.dumps(args if isinstance(args, dict) else {})
             name = str(tool.get("name", ""))
             call = ToolCallPlan(

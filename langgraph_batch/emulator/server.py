@@ -86,6 +86,11 @@ class EmulatorServer:
             routes += sglang.routes(self.serving)
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence served (`Serving.max_model_len`)."""
+        return self.serving.max_model_len
+
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.driver.start()
@@ -110,7 +115,7 @@ class EmulatorServer:
             "owned_by": "sglang" if cfg.flavor == "sglang" else "vllm",
             "root": cfg.model,
             "parent": None,
-            "max_model_len": cfg.max_model_len,
+            "max_model_len": self.max_model_len,
             "permission": [],
         }
         return JSONResponse({"object": "list", "data": [card]})
@@ -181,9 +186,7 @@ class EmulatorServer:
         except RequestError as exc:
             return exc.response()
         ids = tokenize(text)
-        return JSONResponse(
-            {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids}
-        )
+        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids})
 
     # -- OpenAI routes (in _openai_api) ----------------------------------------
 

@@ -99,7 +99,8 @@ def collect_results(spec: FanOutSpec, run: FanOutRun, out: Mapping[str, Any]) ->
     results = _in_order(spec, run, out.get("results") or [])
     errors = [r for r in results if isinstance(r, SiblingError)]
     run.done, run.failed = len(results), len(errors)
-    run.emit("done", peak_active=run.admission.stats().peak_active)
+    gate = run.admission.stats()
+    run.emit("done", peak_active=gate.peak_active, pauses=gate.pauses)
     if errors and spec.on_error == "raise":
         first = errors[0]
         raise SiblingFailedError(

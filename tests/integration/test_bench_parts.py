@@ -209,3 +209,16 @@ def test_simulation_bound_recomputes_what_outgrows_the_cache() -> None:
     # Ticks are barriers: at least the world updates between them.
     assert roomy["makespan_s"] > roomy["world_s"] == w9.world_latency_s * 7
     assert len(roomy["tick_work_s"]) == 8
+
+
+def test_the_kv_valid_bound_is_not_above_the_step_shape_lp() -> None:
+    """The even spread of kv_bound prices W8's work no higher than the cheapest mix of
+    engine steps (an LP over every step shape, benchmarks/bound_lp.py): it is a bound."""
+    from benchmarks.bound_lp import lp_bound
+    from langgraph_batch.bench.contenders import kv_bound
+
+    wl = WORKLOADS["W8"]
+    lp = lp_bound(wl, n=16, seed=0)
+    bound = kv_bound.agents_bound(wl, n=16, seed=0)
+    assert bound["work_bound_s"] <= lp["lp_work_s"] * 1.01, (bound["work_bound_s"], lp)
+    assert lp["lp_work_s"] <= bound["work_bound_s"] * 1.05  # and not far below it either

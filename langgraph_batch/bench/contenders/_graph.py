@@ -145,12 +145,15 @@ def build_agent(
     name: str = "agent",
     answer_llm: Any = None,
     turns: int | Sequence[int] = 2,
+    per_sibling: Callable[[Any, int], Any] | None = None,
 ) -> Any:
     """Compile the sibling subgraph around a tool-bound chat model and a tool node.
 
     With `answer_llm` (forced shapes) the model calls after `turns - 1` tool
     results use it; the others use `llm`. `turns` is one count for every
-    sibling or one per sibling (long-horizon workloads).
+    sibling or one per sibling (long-horizon workloads). `per_sibling(model,
+    index)` adapts the model to a sibling before each call (a router contender
+    binds its `X-Session-ID` header there).
     """
 
     async def model(state: AgentState) -> dict[str, Any]:
@@ -169,6 +172,8 @@ def build_agent(
             if answer_llm is not None:
                 chosen = answer_llm if call["answer"] else llm
             chosen = chosen.bind(max_tokens=call["max_tokens"], extra_body={"ignore_eos": True})
+        if per_sibling is not None:
+            chosen = per_sibling(chosen, index)
         RECORDER.event(index, "llm_start")
         msg = await chosen.ainvoke(messages)
         RECORDER.event(index, "llm_end")

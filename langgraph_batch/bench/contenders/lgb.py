@@ -58,17 +58,25 @@ def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
             if "headers" in fields:
                 fields["headers"] = tuple(fields["headers"])
             options["session_affinity"] = SessionConfig(**fields)
+    # A `policy` dict holds `BatchPolicy` fields over the model's default policy
+    # (e.g. `--lgb-option 'policy={"priority": "las"}'`: the ordering measurements).
+    policy = options.pop("policy", None)
     if job.get("routing"):
         options["backend"] = backend_from_url(url, routing=job["routing"], timeout=600.0)
     else:
         options["base_url"] = url
-    return BatchedChatModel(
+    llm = BatchedChatModel(
         model=job["model"],
         temperature=0.0,
         max_tokens=max_tokens,
         extra_body=extra,
         **options,
     )
+    if isinstance(policy, dict):
+        from dataclasses import replace
+
+        llm = llm.model_copy(update={"policy": replace(llm.default_policy(), **policy)})
+    return llm
 
 
 def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = None) -> Any:

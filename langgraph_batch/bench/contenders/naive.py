@@ -27,7 +27,9 @@ from langgraph_batch.bench.contenders._graph import (
 def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = None) -> Any:
     """The parent graph: Send one branch per task to the agent subgraph."""
     tool_node = ToolNode(tools, awrap_tool_call=record_tool_call) if tools else _no_tools()
-    agent = build_agent(llm, tool_node, answer_llm=answer_llm, turns=job["turns"])
+    agent = build_agent(
+        llm, tool_node, answer_llm=answer_llm, turns=job["turns"], per_sibling=_session(job)
+    )
 
     async def run_agent(state: dict[str, Any]) -> dict[str, Any]:
         index = state["index"]
@@ -46,6 +48,22 @@ def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = Non
     g.add_conditional_edges(START, fan, ["agent"])
     g.add_edge("agent", END)
     return g.compile()
+
+
+def _session(job: dict[str, Any]) -> Any:
+    """Through a router (`-router` contenders): each agent's calls carry its program id.
+
+    What a user does for vllm-router's program scheduling against stock vLLM: one
+    `X-Session-ID` per agent (`ChatOpenAI.bind(extra_headers=...)`), here a digest
+    of the agent's task standing in for a task id.
+    """
+    header = job.get("session_header")
+    if not header:
+        return None
+    from langgraph_batch.bench.routers import session_id
+
+    ids = [session_id(task) for task in job["tasks"]]
+    return lambda llm, index: llm.bind(extra_headers={header: ids[index]})
 
 
 def _no_tools() -> Any:
@@ -112,7 +130,10 @@ def main() -> None:
 
     async def run(job: dict[str, Any]) -> None:
         tools = make_tools(job, client)
-        urls = job.get("llm_urls") or [job["llm_url"]]
+        # Through a router (`model_url`), every call goes to its one URL.
+        urls = (
+            [job["model_url"]] if job.get("model_url") else job.get("llm_urls") or [job["llm_url"]]
+        )
         llm = round_robin([bind(make_llm(job, u), tools, job) for u in urls])
         answer_llm = None
         if job.get("forced_shapes"):
