@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test lint type format unit integration standard chaos bench emulate clean redis-server
+.PHONY: demo test docs lint type format unit integration standard chaos bench emulate clean redis-server
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -16,19 +16,25 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# The docs' tools (the `docs` extra), on top of the same environment.
+$(VENV)/.docs-installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
 install: $(VENV)/.installed
 
 ## The main job: a fan-out against the built-in emulator (or BACKEND_URL=vllm://host:port; key in LGB_API_KEY).
 demo: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
 
-## Lint, type check and the whole suite (unit, standard, integration).
+## Lint, type check, the docs (strict) and the whole suite (unit, standard, integration).
 # The suite takes ~7 min on 2 cores. A hang that escapes pytest-timeout (seen
 # twice, in an event loop's teardown) prints every thread's stack after 120 s
 # (pytest's faulthandler_timeout) and the watchdog then fails the run (SIGINT,
 # then SIGKILL) instead of leaving an idle CI job.
 SUITE_TIMEOUT ?= 1500
-test: $(VENV)/.installed redis-server lint type
+test: $(VENV)/.installed redis-server lint type docs
 	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider
 
 # The distributed-mode tests start real redis-server processes: install it when
@@ -39,6 +45,11 @@ redis-server:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
+
+## The docs site (docs/, mkdocs.yml) into site/, strict: a broken link, anchor or
+## cross-reference, or a page missing from the nav, fails the build.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -q --disable-socket --allow-unix-socket
@@ -72,4 +83,4 @@ emulate: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch emulate
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

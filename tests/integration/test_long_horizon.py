@@ -56,13 +56,12 @@ async def read(query: str) -> str:
     return f"{query}:" + "".join(f" {WORDS[(len(query) + k) % len(WORDS)]}" for k in range(800))
 
 
-hang = asyncio.Event()  # never set: a tool that never returns
-
-
 @tool
 async def stuck(query: str) -> str:
     """A tool whose backend never answers."""
-    await hang.wait()
+    # A future of the running loop that nothing resolves (a module-level Event would
+    # bind to the first test's loop, and another test's loop would get a RuntimeError).
+    await asyncio.get_running_loop().create_future()
     return "never"
 
 

@@ -1,5 +1,5 @@
 """What ChatOpenAI users type works: constructor names, `mypy --strict` on the
-README's constructor calls, and reading the settings back."""
+constructor calls of the README and the docs, and reading the settings back."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_short_names_read_back() -> None:
 
 
 def _constructor_calls(markdown: str) -> list[str]:
-    """Every `BatchedChatModel(...)` call in the README's Python blocks, as source."""
+    """Every `BatchedChatModel(...)` call in a Markdown page's Python blocks, as source."""
     calls: list[str] = []
     for code in re.findall(r"```python\n(.*?)```", markdown, re.S):
         try:
@@ -66,9 +66,14 @@ def _constructor_calls(markdown: str) -> list[str]:
     return calls
 
 
-def test_mypy_strict_accepts_the_readme_constructor_calls(tmp_path: Path) -> None:
-    calls = _constructor_calls((REPO / "README.md").read_text())
-    assert len(calls) >= 4, calls
+def _doc_pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def test_mypy_strict_accepts_the_doc_constructor_calls(tmp_path: Path) -> None:
+    calls = [call for page in _doc_pages() for call in _constructor_calls(page.read_text())]
+    assert len(calls) >= 8, calls
+    assert _constructor_calls((REPO / "README.md").read_text()), "the README's example"
     names: set[str] = set()
     for call in calls:
         for node in ast.walk(ast.parse(call)):
@@ -84,7 +89,7 @@ def test_mypy_strict_accepts_the_readme_constructor_calls(tmp_path: Path) -> Non
         " timeout=5.0, max_tokens=64, temperature=0.0, max_retries=3)",
         "name: str = typed.model_name",
     ]
-    source = tmp_path / "readme_calls.py"
+    source = tmp_path / "doc_calls.py"
     source.write_text("\n".join(lines) + "\n")
     proc = subprocess.run(
         [
