@@ -13,24 +13,36 @@ llm = BatchedChatModel(model="my-model", base_url="vllm://127.0.0.1:8000")
 
 Which module owns which decision:
 
-    chat_model, _request      a LangChain call -> ChatRequest (route_key, sibling, turn)
+    chat_model, _request      a LangChain call -> ChatRequest (route_key, sibling, turn),
+                              run through the scheduler; _tokens counts (TokenCounter)
+    _retry_policy             RetryPolicy: every retry (the scheduler, the pool's
+                              failover through Delivery, the waits on Redis)
     scheduler/_policy         what goes next: plan(pending, now), pure; composes
       _limit _decode_gate     the in-flight limit (slow start, AIMD); the decode cap
       _warming _priority      the prefix-warming gate; priority key functions
       _gather                 a burst of known conversations goes out in order
-    scheduler/_runner         the Scheduler: lifecycle; _attempt runs one request
-                              in its caller's task, _dispatch performs the plans
+    scheduler/_runner         the Scheduler: lifecycle; its collaborators _attempt (one
+                              request in its caller's task), _dispatch (performs the
+                              plans), _state.Lifecycle (the state they share)
     scheduler/_capacity       the server's KV capacity and the KVLedger every
                               fan_out run books (admission is pushed, not polled)
     scheduler/registry        schedulers by key and name; announces new ones
-    backends/_transport       the HTTP seam: sharded connections, the one error map
+    backends/_transport       the HTTP seam: sharded connections
+    backends/_errormap        the one error map: transport errors and the HTTP status
+                              table, for every backend path (LangChainBackend too)
     backends/_batching, pool  batched prompts shared by vllm/sglang; replica routing
     tools/                    coalescing, single-flight, ToolNode hook, middleware
     nodes/fan_out             the node; _admission the gate (program-level KV
                               admission, pauses), _forecast what a run learns of its
                               contexts and tool waits, _run one run's state,
                               _results results in order, _remote siblings elsewhere
-    distributed/, emulator/   Redis execution; the emulated vLLM/SGLang server
+    distributed/              Redis execution; _redis_wait: every wait on an
+                              unreachable Redis (one cap, one give-up rule)
+    emulator/                 the emulated vLLM/SGLang server; _serving its engine
+                              and the request plumbing every route receives
+
+A package's private modules are imported from inside it only; what other
+packages need, its public module exposes (`tests/unit/test_module_graph.py`).
 """
 
 from __future__ import annotations
@@ -60,11 +72,11 @@ from langgraph_batch.errors import (
     SiblingFailedError,
 )
 from langgraph_batch.nodes import SiblingError, fan_out
-from langgraph_batch.scheduler import BatchPolicy, Scheduler
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
 from langgraph_batch.tools import BatchToolNode, coalesce, tool_stats
 
 if TYPE_CHECKING:
-    from langgraph_batch.tools._middleware import BatchMiddleware
+    from langgraph_batch.tools import BatchMiddleware
 
 __all__ = (
     "BackendAuthenticationError",
@@ -84,6 +96,7 @@ __all__ = (
     "LangGraphBatchError",
     "MalformedToolCallError",
     "ModelNotFoundError",
+    "RetryPolicy",
     "Scheduler",
     "SchedulerClosedError",
     "SchedulerDeadError",
@@ -113,7 +126,7 @@ def __getattr__(name: str) -> Any:
     # BatchMiddleware needs the optional `langchain` package (create_agent):
     # import it on first use so the core install does not require it.
     if name == "BatchMiddleware":
-        from langgraph_batch.tools._middleware import BatchMiddleware
+        from langgraph_batch.tools import BatchMiddleware
 
         return BatchMiddleware
     home = _MOVED.get(name)

@@ -30,6 +30,7 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.outputs import ChatGeneration, ChatResult
 
 from langgraph_batch.backends.base import ChatChunk, ChatResponse, Usage
 from langgraph_batch.backends.base import ToolCall as WireToolCall
@@ -45,6 +46,7 @@ __all__ = (
     "parse_tool_calls",
     "response_metadata",
     "response_to_message",
+    "response_to_result",
     "tool_call_check",
     "usage_to_metadata",
 )
@@ -470,3 +472,21 @@ def final_chunk(response: ChatResponse) -> AIMessageChunk:
         response_metadata=_metadata_of(response),
         chunk_position="last",
     )
+
+
+def response_to_result(response: ChatResponse) -> ChatResult:
+    """The `ChatResult` of a non-streamed call: the message and the call's `llm_output`."""
+    message = response_to_message(response)
+    generation = ChatGeneration(
+        message=message,
+        generation_info={"finish_reason": response.finish_reason},
+    )
+    llm_output: dict[str, Any] = {
+        "model_name": response.model,
+        "id": response.id,
+        "request_id": response.request_id,
+        "queue_wait_s": response.queue_wait_s,
+    }
+    if message.usage_metadata:
+        llm_output["token_usage"] = dict(message.usage_metadata)
+    return ChatResult(generations=[generation], llm_output=llm_output)

@@ -1,29 +1,51 @@
-"""How one `BatchedChatModel` call becomes a `ChatRequest`, and what its answer teaches.
+"""One `BatchedChatModel` call outside the scheduler: its request, its run, its answer.
 
 `build_request` turns LangChain messages, `stop` and call kwargs into the
 wire body (the model's fields, then `model_kwargs`, `extra_body`, then the
 call's own kwargs), the request id, the sibling's turn and its `route_key`.
+It reads the model's settings through `CallSettings`, the public fields it
+needs, and never the model class itself.
 `record_context` notes a sibling's KV working set after a call (what fan_out's
 admission books in the server's ledger). `tool_call_check_for` gives the
-check that rejects malformed tool calls.
+check that rejects malformed tool calls. `run_call` and `stream_call` run a
+built request through the model's `submit` (the scheduler) and give back
+LangChain's output; `ls_params` is what LangSmith is told about a call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
 
+from langchain_core.language_models import LangSmithParams
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from langgraph_batch._context import SiblingInfo, current_sibling
-from langgraph_batch._convert import messages_to_openai, tool_call_check
-from langgraph_batch.backends.base import ChatRequest, ChatResponse, sibling_route_key
+from langgraph_batch._convert import (
+    chunk_generation_info,
+    chunk_to_message_chunk,
+    final_chunk,
+    messages_to_openai,
+    response_to_result,
+    tool_call_check,
+)
+from langgraph_batch.backends.base import ChatChunk, ChatRequest, ChatResponse, sibling_route_key
 
-if TYPE_CHECKING:
-    from langgraph_batch.chat_model import BatchedChatModel
-
-__all__ = ("build_request", "record_context", "request_params", "tool_call_check_for")
+__all__ = (
+    "CallSettings",
+    "Submit",
+    "build_request",
+    "ls_params",
+    "record_context",
+    "request_params",
+    "run_call",
+    "stream_call",
+    "tool_call_check_for",
+)
 
 # Call kwargs that are LangChain bookkeeping, never body fields.
 _NOT_ON_WIRE = frozenset({"ls_structured_output_format", "structured_output_format", "stream"})
@@ -33,8 +55,43 @@ _OMIT_IF_NONE = frozenset({"tool_choice", "parallel_tool_calls", "response_forma
 _NOT_BATCHABLE = ("tools", "response_format", "n", "logprobs")
 
 
+class CallSettings(Protocol):
+    """The settings a call is built from (`BatchedChatModel`'s public fields)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def logprobs(self) -> bool | None: ...
+    @property
+    def top_logprobs(self) -> int | None: ...
+    @property
+    def stop(self) -> list[str] | None: ...
+    @property
+    def model_kwargs(self) -> dict[str, Any]: ...
+    @property
+    def extra_body(self) -> dict[str, Any] | None: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def stream_chunk_timeout(self) -> float | None: ...
+
+
+Built = tuple[ChatRequest, int, SiblingInfo | None]
+"""A built call: its request, the caller's turn and the calling sibling (if any)."""
+Submit = Callable[
+    [ChatRequest, int, SiblingInfo | None, Callable[[ChatChunk], None] | None],
+    Coroutine[Any, Any, ChatResponse],
+]
+"""How a call reaches the scheduler: `(request, turn, sibling, on_chunk) -> response`."""
+_END = object()
+
+
 def request_params(
-    model: BatchedChatModel, stop: list[str] | None, kwargs: Mapping[str, Any]
+    model: CallSettings, stop: list[str] | None, kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The body fields of one call: the model's, `model_kwargs`, `extra_body`, the call's."""
     params: dict[str, Any] = {}
@@ -67,7 +124,7 @@ def request_params(
 
 
 def build_request(
-    model: BatchedChatModel,
+    model: CallSettings,
     messages: Sequence[BaseMessage],
     stop: list[str] | None,
     kwargs: Mapping[str, Any],
@@ -129,3 +186,74 @@ def record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
     sibling.context_tokens = max(
         0, usage.prompt_tokens + usage.completion_tokens - sibling.shared_tokens
     )
+
+
+async def run_call(submit: Submit, built: Built) -> ChatResult:
+    """Run a built call through `submit`; note the sibling's turn and context."""
+    request, turn, sibling = built
+    response = await submit(request, turn, sibling, None)
+    if sibling is not None:
+        sibling.turn += 1
+        record_context(sibling, response)
+    return response_to_result(response)
+
+
+async def stream_call(
+    submit: Submit, build: Callable[[], Built]
+) -> AsyncIterator[ChatGenerationChunk]:
+    """Build a streamed call (on first iteration), run it, yield its chunks, then the last one.
+
+    The call runs in a task of its own that feeds a queue; a consumer that stops
+    or is cancelled withdraws the request (cancelling the submit aborts the HTTP
+    call), waiting for it at most 5 s.
+    """
+    request, turn, sibling = build()
+    chunks: asyncio.Queue[Any] = asyncio.Queue()
+    task = asyncio.create_task(submit(request, turn, sibling, chunks.put_nowait))
+    # Runs after the last on_chunk call: the backend calls on_chunk from
+    # inside the submit task, so the queue sees every chunk before _END.
+    task.add_done_callback(lambda _: chunks.put_nowait(_END))
+    try:
+        while (item := await chunks.get()) is not _END:
+            if item.content or item.tool_call_chunks:
+                yield ChatGenerationChunk(
+                    message=chunk_to_message_chunk(item),
+                    generation_info=chunk_generation_info(item),
+                )
+        response = task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
+        elif not task.cancelled():
+            # The consumer left just as the call ended: its outcome is nobody's now
+            # (unread, asyncio would report "Task exception was never retrieved").
+            task.exception()
+    if sibling is not None:
+        sibling.turn += 1
+        record_context(sibling, response)
+    yield ChatGenerationChunk(
+        message=final_chunk(response),
+        generation_info={"finish_reason": response.finish_reason},
+    )
+
+
+def ls_params(
+    settings: CallSettings, provider: str, stop: list[str] | None, kwargs: Mapping[str, Any]
+) -> LangSmithParams:
+    """What LangSmith is told about a call: provider, model, temperature, max_tokens, stop."""
+    params = LangSmithParams(
+        ls_provider=provider,
+        ls_model_name=kwargs.get("model") or settings.model,
+        ls_model_type="chat",
+    )
+    temperature = kwargs.get("temperature", settings.temperature)
+    if temperature is not None:
+        params["ls_temperature"] = temperature
+    max_tokens = kwargs.get("max_tokens", settings.max_tokens)
+    if max_tokens is not None:
+        params["ls_max_tokens"] = max_tokens
+    if ls_stop := stop or kwargs.get("stop") or settings.stop:
+        params["ls_stop"] = list(ls_stop)
+    return params

@@ -18,13 +18,27 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from langchain_core.messages import BaseMessage
+
+from langgraph_batch._convert import messages_to_openai
+from langgraph_batch._loop import background_loop
+from langgraph_batch._structured import format_tools
 from langgraph_batch.backends.base import Backend
 from langgraph_batch.errors import BackendError
 
-__all__ = ("CACHE_SIZE", "CHARS_PER_TOKEN", "acount", "cached", "estimate", "fallback")
+__all__ = (
+    "CACHE_SIZE",
+    "CHARS_PER_TOKEN",
+    "TokenCounter",
+    "acount",
+    "cached",
+    "estimate",
+    "fallback",
+)
 
 logger = logging.getLogger("langgraph_batch.chat_model")
 
@@ -119,3 +133,43 @@ async def acount(backend: Backend, scope: str, model: str, payload: Mapping[str,
         return fallback(scope, payload, reason)
     _store(scope, model, payload, count)
     return count
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenCounter:
+    """What `BatchedChatModel.get_num_tokens*` hands its work to: one model's counts.
+
+    Given what it needs and nothing else: the scope the counts are cached in
+    (the model's scheduler key), the served model's name, and how to reach the
+    backend (asked only on a cache miss, so a cached count starts no scheduler).
+    """
+
+    scope: str
+    """The model's scheduler key: its server and a digest of its credentials."""
+    model: str
+    """The served model's name."""
+    backend: Callable[[], Backend]
+    """The backend whose `count_tokens` asks the server (`/tokenize`)."""
+
+    @staticmethod
+    def payload(messages: list[BaseMessage], tools: Sequence[Any] | None) -> dict[str, Any]:
+        """What a call with `messages` (and `tools`) sends, as the server counts it."""
+        return {
+            "messages": messages_to_openai(messages),
+            "tools": format_tools(tools) if tools else None,
+        }
+
+    def count(self, payload: dict[str, Any]) -> int:
+        """The count, from a synchronous caller (one round trip on a cache miss)."""
+        hit = cached(self.scope, self.model, payload)
+        if hit is not None:
+            return hit
+        loop = background_loop()
+        if loop.in_loop_thread():  # waiting here would deadlock the loop that answers
+            reason = "called from langgraph-batch's own event loop thread (use aget_num_tokens)"
+            return fallback(self.scope, payload, reason)
+        return loop.run(self.acount(payload))
+
+    async def acount(self, payload: dict[str, Any]) -> int:
+        """The count, without blocking the event loop."""
+        return await acount(self.backend(), self.scope, self.model, payload)

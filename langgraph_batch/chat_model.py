@@ -12,8 +12,6 @@ sync graph's threads also meet in one scheduler.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -30,7 +28,7 @@ from langchain_core.language_models.chat_models import (
     generate_from_stream,
 )
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils import secret_from_env
 from pydantic import (
@@ -43,16 +41,16 @@ from pydantic import (
     model_validator,
 )
 
-from langgraph_batch._chat_habits import ChatOpenAIHabits
+from langgraph_batch._chat_fields import BOUNDS, check_bound, float_env
 from langgraph_batch._context import SiblingInfo
-from langgraph_batch._convert import (
-    chunk_generation_info,
-    chunk_to_message_chunk,
-    final_chunk,
-    response_to_message,
-)
 from langgraph_batch._loop import background_loop
-from langgraph_batch._request import build_request, record_context, tool_call_check_for
+from langgraph_batch._request import (
+    build_request,
+    ls_params,
+    run_call,
+    stream_call,
+    tool_call_check_for,
+)
 from langgraph_batch._structured import (
     StructuredMethod,
     ToolLike,
@@ -61,8 +59,8 @@ from langgraph_batch._structured import (
     structured_output,
     to_response_format,
 )
-from langgraph_batch.backends import SessionConfig, backend_from_url, backend_key
-from langgraph_batch.backends._factory import check_api_key
+from langgraph_batch._tokens import TokenCounter
+from langgraph_batch.backends import SessionConfig, backend_from_url, backend_key, check_api_key
 from langgraph_batch.backends.base import (
     Backend,
     ChatChunk,
@@ -78,38 +76,11 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
-_END = object()
-
-
-# Field -> (lowest value, whether it is allowed, what None means); checked at construction.
-_BOUNDS: dict[str, tuple[float, bool, str]] = {
-    "request_timeout": (0, False, "no limit"),
-    "total_timeout": (0, False, "no limit"),
-    "stream_chunk_timeout": (0, True, "no limit, as 0"),
-    "max_tokens": (1, True, "the server's default"),
-    "temperature": (0, True, "the server's default"),
-    "max_inflight": (1, True, ""),
-    "max_retries": (0, True, ""),
-}
-
-
-def _float_env(name: str, default: float) -> float | None:
-    """A float from the environment (empty or absent: `default`; "0": no limit)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    return value or None
-
-
 # Starting in-flight limit of a default policy on a backend with engine metrics.
 _INITIAL_INFLIGHT = 64
 
 
-class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
+class BatchedChatModel(BaseChatModel):
     """A chat model for vLLM, SGLang or any OpenAI-compatible server, batched.
 
     All calls for one server (one `base_url`, or one `scheduler` name) go
@@ -174,13 +145,14 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
     `timeout`."""
     total_timeout: float | None = None
     """Limit on one call including queue wait and retries, in seconds (None: no limit)."""
-    max_retries: int = 2
-    """Retries of transient failures (429, 5xx, dropped connections), done by the scheduler."""
+    max_retries: int | None = None
+    """Retries of transient failures (429, 5xx, dropped connections) by the scheduler; set, it
+    wins for this model's calls (`Scheduler.submit`), None: `BatchPolicy.retry`'s (2)."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     """Stream every call (`invoke` then aggregates the stream)."""
     stream_chunk_timeout: float | None = Field(
-        default_factory=lambda: _float_env("LGB_STREAM_CHUNK_TIMEOUT_S", 120.0)
+        default_factory=lambda: float_env("LGB_STREAM_CHUNK_TIMEOUT_S", 120.0)
     )
     """Streaming: the longest wait between two stream events, in seconds (None or 0:
     no limit; default 120, or env `LGB_STREAM_CHUNK_TIMEOUT_S`), as langchain-openai's
@@ -240,18 +212,10 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
         # Typed `SecretStr | str` so that `api_key="..."` type-checks; held as a SecretStr.
         return SecretStr(value) if isinstance(value, str) else value
 
-    @field_validator(*_BOUNDS)
+    @field_validator(*BOUNDS)
     @classmethod
     def _check_number(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is None:
-            return value
-        name = info.field_name or ""
-        low, inclusive, none = _BOUNDS[name]
-        if not (value >= low if inclusive else value > low):
-            alt = f" (or None: {none})" if none else ""
-            msg = f"{name} must be {'>=' if inclusive else '>'} {low}{alt}, got {value!r}"
-            raise ValueError(msg)
-        return value
+        return check_bound(info.field_name or "", value)
 
     @model_validator(mode="after")
     def _check_scheduler(self) -> Self:
@@ -264,6 +228,49 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
         if self.backend is None and not isinstance(self.scheduler, Scheduler):
             check_api_key(self.base_url, self._api_key())
         return self
+
+    # ------------------------------------------------------------------ ChatOpenAI's habits
+
+    @property
+    def model(self) -> str:
+        """The model name (`model_name`)."""
+        return self.model_name
+
+    @property
+    def base_url(self) -> str:
+        """The server URL (`openai_api_base`)."""
+        return self.openai_api_base
+
+    @property
+    def api_key(self) -> SecretStr | None:
+        """The bearer token (`openai_api_key`), as a `SecretStr`."""
+        key = self.openai_api_key
+        return SecretStr(key) if isinstance(key, str) else key  # a str never stays one
+
+    @property
+    def timeout(self) -> float | None:
+        """The HTTP read timeout per attempt (`request_timeout`)."""
+        return self.request_timeout
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """`langchain_core.load.dumps` writes the model's settings, secrets as references.
+
+        `default_headers`, `policy`, `scheduler` and `backend` are not written
+        (headers may carry credentials; the others are live objects): give them
+        again after `loads`.
+        """
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        """`["langgraph_batch", "chat_model"]`: pass `valid_namespaces=["langgraph_batch"]`."""
+        return ["langgraph_batch", "chat_model"]
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        """The API key is written as a reference to `LGB_API_KEY`, never its value."""
+        return {"openai_api_key": "LGB_API_KEY"}
 
     # ------------------------------------------------------------------ LangChain metadata
 
@@ -294,20 +301,7 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = LangSmithParams(
-            ls_provider=self.provider,
-            ls_model_name=kwargs.get("model") or self.model,
-            ls_model_type="chat",
-        )
-        temperature = kwargs.get("temperature", self.temperature)
-        if temperature is not None:
-            params["ls_temperature"] = temperature
-        max_tokens = kwargs.get("max_tokens", self.max_tokens)
-        if max_tokens is not None:
-            params["ls_max_tokens"] = max_tokens
-        if ls_stop := stop or kwargs.get("stop") or self.stop:
-            params["ls_stop"] = list(ls_stop)
-        return params
+        return ls_params(self, self.provider, stop, kwargs)
 
     # ------------------------------------------------------------------ tools / structured
 
@@ -489,6 +483,44 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
             check=tool_call_check_for(request, self.invalid_tool_calls),
         )
 
+    # ------------------------------------------------------------------ token counts
+
+    def _token_counter(self) -> TokenCounter:
+        return TokenCounter(
+            scope=self.scheduler_key, model=self.model, backend=lambda: self.get_scheduler().backend
+        )
+
+    def get_num_tokens(self, text: str) -> int:
+        """Tokens in `text` by the server's tokenizer (`POST /tokenize`, cached).
+
+        Falls back to ~4 characters per token, with one WARNING, when the server
+        cannot count (see `langgraph_batch._tokens`). Blocks the calling thread
+        for one round trip on a cache miss: in async code use `aget_num_tokens`.
+        """
+        return self._token_counter().count({"prompt": text})
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """Prompt tokens a call with `messages` (and `tools`) costs, template included (cached).
+
+        Example:
+            ```python
+            short = trim_messages(history, max_tokens=2048, token_counter=llm)
+            ```
+        """
+        return self._token_counter().count(TokenCounter.payload(messages, tools))
+
+    async def aget_num_tokens(self, text: str) -> int:
+        """`get_num_tokens` without blocking the event loop."""
+        return await self._token_counter().acount({"prompt": text})
+
+    async def aget_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """`get_num_tokens_from_messages` without blocking the event loop."""
+        return await self._token_counter().acount(TokenCounter.payload(messages, tools))
+
     # ------------------------------------------------------------------ async paths
 
     async def _agenerate(
@@ -507,25 +539,8 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
     async def _acall(
         self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
     ) -> ChatResult:
-        request, turn, sibling = build_request(self, messages, stop, kwargs, stream=False)
-        response = await self._submit(request, turn, sibling)
-        if sibling is not None:
-            sibling.turn += 1
-            record_context(sibling, response)
-        message = response_to_message(response)
-        generation = ChatGeneration(
-            message=message,
-            generation_info={"finish_reason": response.finish_reason},
-        )
-        llm_output: dict[str, Any] = {
-            "model_name": response.model,
-            "id": response.id,
-            "request_id": response.request_id,
-            "queue_wait_s": response.queue_wait_s,
-        }
-        if message.usage_metadata:
-            llm_output["token_usage"] = dict(message.usage_metadata)
-        return ChatResult(generations=[generation], llm_output=llm_output)
+        built = build_request(self, messages, stop, kwargs, stream=False)
+        return await run_call(self._submit, built)
 
     async def _astream(
         self,
@@ -539,37 +554,13 @@ class BatchedChatModel(ChatOpenAIHabits, BaseChatModel):
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
-    async def _stream_chunks(
+    def _stream_chunks(
         self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
     ) -> AsyncIterator[ChatGenerationChunk]:
-        request, turn, sibling = build_request(self, messages, stop, kwargs, stream=True)
-        chunks: asyncio.Queue[Any] = asyncio.Queue()
-        task = asyncio.create_task(self._submit(request, turn, sibling, chunks.put_nowait))
-        # Runs after the last on_chunk call: the backend calls on_chunk from
-        # inside the submit task, so the queue sees every chunk before _END.
-        task.add_done_callback(lambda _: chunks.put_nowait(_END))
-        try:
-            while (item := await chunks.get()) is not _END:
-                if item.content or item.tool_call_chunks:
-                    yield ChatGenerationChunk(
-                        message=chunk_to_message_chunk(item),
-                        generation_info=chunk_generation_info(item),
-                    )
-            response = task.result()
-        finally:
-            if not task.done():
-                # The consumer stopped or was cancelled: withdraw the request
-                # (cancelling the submit aborts the HTTP call), bounded wait.
-                task.cancel()
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(task), timeout=5.0)
-        if sibling is not None:
-            sibling.turn += 1
-            record_context(sibling, response)
-        yield ChatGenerationChunk(
-            message=final_chunk(response),
-            generation_info={"finish_reason": response.finish_reason},
-        )
+        # Built on first iteration, where the stream runs (the caller's task or the
+        # background loop), as the call's sibling is read from the context there.
+        build = lambda: build_request(self, messages, stop, kwargs, stream=True)  # noqa: E731
+        return stream_call(self._submit, build)
 
     # ------------------------------------------------------------------ sync paths
 

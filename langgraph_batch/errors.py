@@ -8,16 +8,16 @@ LangGraphBatchError
 ├─ BatchTimeoutError              # a request waited/ran past its timeout (retryable)
 ├─ BackendError                   # anything the inference server did or did not do
 │  ├─ BackendConnectionError      # refused, reset, DNS, dropped mid-stream (retryable)
-│  ├─ BackendTimeoutError         # connect/read timeout (retryable)
+│  ├─ BackendTimeoutError         # connect/read timeout, HTTP 408 (retryable)
 │  │  ├─ PoolTimeoutError         # no connection became free in time (retryable)
 │  │  └─ StreamChunkTimeoutError  # no stream chunk within stream_chunk_timeout (retryable)
 │  ├─ BackendRateLimitError       # HTTP 429, honours Retry-After (retryable)
 │  ├─ BackendServerError          # HTTP 5xx (retryable)
 │  ├─ BackendStreamError          # broken or truncated SSE (retryable)
 │  ├─ BackendAuthenticationError  # HTTP 401/403 (not retryable)
-│  ├─ BackendBadRequestError      # HTTP 4xx other than 429 (not retryable)
+│  ├─ BackendBadRequestError      # other HTTP 4xx (not retryable)
 │  │  ├─ ContextLengthExceededError   # prompt does not fit max_model_len
-│  │  └─ ModelNotFoundError           # wrong model name / wrong URL
+│  │  └─ ModelNotFoundError           # wrong model name / wrong URL (HTTP 404/405)
 │  └─ MalformedToolCallError      # tool-call arguments not JSON / not the tool's schema (retryable)
 ├─ SiblingFailedError             # on_error="raise" in fan_out: carries every SiblingError
 └─ DistributedError               # distributed fan_out (langgraph_batch.distributed, Redis)
@@ -37,7 +37,8 @@ correctly. No retryable error derives from `TimeoutError`, `OSError`,
 retry those.
 
 Every error carries structured attributes and a message that says what to
-do about it.
+do about it. Which HTTP status becomes which error is one table, read by every
+backend path (`langgraph_batch.backends._errormap`).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ class BackendConnectionError(BackendError, ModelConnectionError):
 
 
 class BackendTimeoutError(BackendError, ModelTimeoutError):
-    """The server did not answer within the transport timeout."""
+    """The server did not answer within the transport timeout, or answered HTTP 408."""
 
     is_retryable = True
 
@@ -252,7 +253,7 @@ class BackendRateLimitError(BackendError, ModelRateLimitError):
 
 
 class BackendServerError(BackendError, ModelAPIError):
-    """HTTP 5xx: the server failed (overloaded, restarting or crashed)."""
+    """HTTP 5xx (504 included): the server failed (overloaded, restarting or crashed)."""
 
     is_retryable = True
 
@@ -272,7 +273,11 @@ class BackendStreamError(BackendError, ModelConnectionError):
 
 
 class BackendBadRequestError(BackendError, ModelInvalidRequestError):
-    """HTTP 4xx other than 429: the request itself is wrong; retrying won't help."""
+    """HTTP 4xx not mapped elsewhere: the request itself is wrong; retrying won't help.
+
+    Not 401/403 (`BackendAuthenticationError`), 404/405 (`ModelNotFoundError`),
+    408 (`BackendTimeoutError`) or 429 (`BackendRateLimitError`).
+    """
 
 
 class BackendAuthenticationError(BackendError, ModelAuthenticationError):
@@ -301,7 +306,7 @@ class ContextLengthExceededError(BackendBadRequestError, ContextOverflowError):
 
 
 class ModelNotFoundError(BackendBadRequestError, _LCModelNotFoundError):
-    """The server does not serve the requested model (or the URL is wrong).
+    """The server does not serve the requested model (or the URL is wrong: HTTP 404, 405).
 
     Attributes:
         model: the model name that was asked for.

@@ -51,9 +51,8 @@ from typing import Any
 
 from langgraph_batch import _observe
 from langgraph_batch._extras import missing_extra
-from langgraph_batch.scheduler._runner import Scheduler, live_schedulers
-from langgraph_batch.scheduler._state import SchedulerState
-from langgraph_batch.tools._stats import STATS as _TOOL_STATS
+from langgraph_batch.scheduler import Scheduler, SchedulerState, live_schedulers
+from langgraph_batch.tools import tool_stats
 
 try:
     import prometheus_client as _prom
@@ -221,7 +220,7 @@ class _ScrapeCollector(Collector):
             "Tool calls that ran (coalesced calls run once).",
             labels=["tool"],
         )
-        for tool, stats in sorted(_TOOL_STATS.snapshot(None).by_tool.items()):
+        for tool, stats in sorted(tool_stats().by_tool.items()):
             requested.add_metric([tool], stats.requested)
             executed.add_metric([tool], stats.executed)
         yield requested

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from langgraph_batch.backends._factory import backend_from_url, backend_key
+from langgraph_batch.backends._factory import check_api_key as check_api_key
 from langgraph_batch.backends._session import SessionConfig
 from langgraph_batch.backends.base import (
     Backend,
@@ -33,6 +34,8 @@ from langgraph_batch.backends.pool import EndpointPool
 from langgraph_batch.backends.sglang import SGLangBackend
 from langgraph_batch.backends.vllm import VLLMBackend
 
+# Also importable from here, for the library's other packages (BatchedChatModel), and not part of
+# `__all__` (no user API): check_api_key.
 __all__ = (
     "Backend",
     "BackendCapabilities",

@@ -21,15 +21,15 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch.backends._errormap import error_from_response
+from langgraph_batch.backends._errortext import summarize_body
 from langgraph_batch.backends._http import (
     DEFAULT_CONNECT_TIMEOUT,
     check_str_map,
     credentials_hash,
     env_proxy,
-    error_from_response,
     make_timeout,
     normalize_base_url,
-    summarize_body,
 )
 from langgraph_batch.backends._session import SessionConfig, SessionRouting, session_suffix
 from langgraph_batch.backends._sse import (

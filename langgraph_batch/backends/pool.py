@@ -19,8 +19,9 @@ turns stick to it even when the walk moved the key off its ring position.
 
 A replica that fails with `BackendConnectionError` is marked down for a
 cooldown (doubling per consecutive failure) and the call moves to another
-replica (unless it already streamed chunks); keys re-route. When every
-replica is down the last connection error is raised.
+replica, unless it already delivered output to its caller (the rule the
+scheduler's retries follow too: `Delivery`, in `langgraph_batch._retry_policy`);
+keys re-route. When every replica is down the last connection error is raised.
 
 Example:
     ```python
@@ -45,6 +46,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
+from langgraph_batch._retry_policy import Delivery
 from langgraph_batch.backends._session import affinity_key, conversation_key
 from langgraph_batch.backends.base import (
     Backend,
@@ -297,32 +299,24 @@ class EndpointPool(Backend):
         """Route `request` to a replica and run it there.
 
         A replica that cannot be reached is marked down and the call moves
-        to the next one, unless it already delivered streamed chunks.
+        to the next one, unless it already delivered output (`Delivery`).
 
         Raises:
             BackendError: what the replica raised; the last connection error
                 when every replica is down.
         """
-        delivered = 0
-
-        def forward(chunk: ChatChunk) -> None:
-            nonlocal delivered
-            delivered += 1
-            if on_chunk is not None:
-                on_chunk(chunk)
-
+        delivery = Delivery()
+        forward = delivery.wrap(on_chunk) if on_chunk is not None else None
         tried: set[int] = set()
         while True:
             replica = self._pick(request, tried)
             tried.add(replica.index)
             replica.inflight += 1
             try:
-                response = await replica.backend.chat(
-                    request, on_chunk=forward if on_chunk is not None else None
-                )
+                response = await replica.backend.chat(request, on_chunk=forward)
             except BackendConnectionError as exc:
                 self._mark_down(replica, exc)
-                if delivered:
+                if not delivery.replayable:
                     raise
                 continue
             finally:

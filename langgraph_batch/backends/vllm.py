@@ -34,7 +34,7 @@ from langgraph_batch.backends._batching import (
     settle_batch,
     split_usage,
 )
-from langgraph_batch.backends._http import is_route_not_found
+from langgraph_batch.backends._errormap import is_route_not_found
 from langgraph_batch.backends._prometheus import parse_prometheus
 from langgraph_batch.backends._session import affinity_key, agentic_context, session_key
 from langgraph_batch.backends._sse import parse_usage

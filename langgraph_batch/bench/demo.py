@@ -40,9 +40,15 @@ from typing import Any
 
 import httpx
 
-from langgraph_batch.bench.contenders import lgb, naive
-from langgraph_batch.bench.contenders._common import RECORDER, warmup_job
-from langgraph_batch.bench.contenders._graph import bind, make_http_client, make_tools
+from langgraph_batch.bench.contenders import (
+    RECORDER,
+    bind,
+    lgb,
+    make_http_client,
+    make_tools,
+    naive,
+    warmup_job,
+)
 from langgraph_batch.bench.demo_server import (
     W1,
     DemoError,

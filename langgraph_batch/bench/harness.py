@@ -34,7 +34,7 @@ import httpx
 
 from langgraph_batch.bench import live, metrics, report, timeline
 from langgraph_batch.bench._paths import batchagent_venv, checkout_root, child_env, package_parent
-from langgraph_batch.bench.contenders._common import RESULT_PREFIX, sum_stats
+from langgraph_batch.bench.contenders import RESULT_PREFIX, sum_stats
 from langgraph_batch.bench.routers import point_job_at, split_router, start_router, stop_router
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.bench.workloads import (

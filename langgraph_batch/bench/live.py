@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from langgraph_batch.bench.contenders._common import parse_metrics
+from langgraph_batch.bench.contenders import parse_metrics
 from langgraph_batch.bench.workloads import filler
 
 __all__ = ("ServerTarget", "Sizer", "identify", "metrics", "metrics_delta", "run_nonce")

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from langgraph_batch.bench.contenders._common import WARMUP_KEY
+from langgraph_batch.bench.contenders import WARMUP_KEY
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -183,7 +183,7 @@ def plan(recording: Recording) -> ReplayPlan:
     _assign_keys(out)
     shared_tokens = int((recording.summary or {}).get("shared_prefix", {}).get("tokens") or 0)
     if not shared_tokens:
-        from langgraph_batch.record._format import shared_prefix
+        from langgraph_batch.record import shared_prefix
 
         firsts = [calls[0] for calls in siblings.values()]
         shared_tokens = int(shared_prefix(firsts)["tokens"])

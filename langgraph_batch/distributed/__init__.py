@@ -39,7 +39,7 @@ from langgraph_batch.errors import (
     PayloadTooLargeError,
     RedisUnavailableError,
 )
-from langgraph_batch.nodes._remote import RemoteEvent, SiblingExecutor
+from langgraph_batch.nodes import RemoteEvent, SiblingExecutor
 
 __all__ = (
     "ACL_RULES",

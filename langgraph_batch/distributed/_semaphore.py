@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -43,8 +42,8 @@ from langgraph_batch.distributed._redis import (
     CONNECTION_ERRORS,
     raise_if_cancel_requested,
 )
+from langgraph_batch.distributed._redis_wait import RedisWait
 from langgraph_batch.distributed._scripts import Scripts
-from langgraph_batch.errors import RedisUnavailableError
 
 __all__ = ("ClusterLimitedBackend", "RedisSemaphore", "endpoint_key", "limit_backends")
 
@@ -82,7 +81,8 @@ class RedisSemaphore:
             limit: Leases at once, `>= 1`.
             lease_s: A lease expires this long after it was last renewed, `> 0`.
             unavailable_timeout: Give up waiting for a lease after Redis has
-                been unreachable this long (`RedisUnavailableError`).
+                been unreachable this long (`RedisUnavailableError`; the rule of
+                `_redis_wait.RedisWait`).
             scripts: The registered scripts (registered on `client` when None).
 
         Raises:
@@ -104,25 +104,23 @@ class RedisSemaphore:
         return f"RedisSemaphore(key={self.key!r}, limit={self.limit})"
 
     async def _acquire(self, holders: Sequence[str]) -> None:
+        # Redis unreachable: `RedisWait` (its cap, its give-up rule). Redis answering
+        # that every lease is taken: poll again soon, from 2 ms up to 0.1 s.
+        redis = RedisWait(
+            f"in-flight lease on {self.key}",
+            give_up_after=self.unavailable_timeout,
+            logger=logger,
+            quiet=True,
+        )
         delay = 0.002
-        down_since: float | None = None
         while True:
-            try:
-                got = await self._scripts.sem_acquire(
-                    keys=[self.key], args=[self.limit, self.lease_ms, *holders]
-                )
-                down_since = None
-                if int(got) == 1:
-                    return
-            except CONNECTION_ERRORS as exc:
-                now = time.monotonic()
-                down_since = down_since or now
-                if now - down_since > self.unavailable_timeout:
-                    raise RedisUnavailableError(
-                        f"no in-flight lease from Redis for {now - down_since:.0f} s: {exc}",
-                        down_s=now - down_since,
-                    ) from exc
-                delay = max(delay, 0.1)
+            got = await redis.run(
+                self._scripts.sem_acquire,
+                keys=[self.key],
+                args=[self.limit, self.lease_ms, *holders],
+            )
+            if int(got) == 1:  # type: ignore[arg-type]  # never abandoned: never None
+                return
             raise_if_cancel_requested()
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.1)

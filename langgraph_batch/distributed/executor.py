@@ -51,21 +51,19 @@ from langgraph_batch.distributed._keys import (
 )
 from langgraph_batch.distributed._redis import (
     CLEANUP_ERRORS,
-    CONNECTION_ERRORS,
     connect,
     raise_if_cancel_requested,
     safe_url,
 )
+from langgraph_batch.distributed._redis_wait import RedisWait
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.distributed._serde import DEFAULT_MAX_PAYLOAD_BYTES, Serde
 from langgraph_batch.errors import (
     DeadLetteredError,
     DistributedError,
     DistributedTimeoutError,
-    RedisUnavailableError,
 )
-from langgraph_batch.nodes._remote import RemoteEvent
-from langgraph_batch.nodes.fan_out import SiblingError
+from langgraph_batch.nodes import RemoteEvent, SiblingError
 
 __all__ = ("RedisExecutor",)
 
@@ -270,40 +268,20 @@ class _ParentRun:
         self.started: set[int] = set()
         self.opened = False
         self.ttl_ms = int(ex.ttl_s * 1000)
-        self._down_since: float | None = None
+        self._redis = RedisWait(
+            "run -",
+            give_up_after=ex.unavailable_timeout,
+            hint=f"Redis at {safe_url(ex.url)}; run the thread again to re-attach",
+            logger=logger,
+        )
         self._refreshed = 0.0
 
     # -- resilience ----------------------------------------------------------------------
 
     async def _retry(self, fn: Any, *args: Any) -> Any:
         """Run `fn(*args)` until Redis answers, or raise when it has been down too long."""
-        delay = 0.05
-        while True:
-            raise_if_cancel_requested()
-            try:
-                result = await fn(*args)
-            except CONNECTION_ERRORS as exc:
-                now = time.monotonic()
-                self._down_since = self._down_since or now
-                down = now - self._down_since
-                if down > self.ex.unavailable_timeout:
-                    raise RedisUnavailableError(
-                        f"Redis at {safe_url(self.ex.url)} unreachable for {down:.0f} s "
-                        f"({type(exc).__name__}); run the thread again to re-attach",
-                        down_s=down,
-                    ) from exc
-                logger.warning("run %s: Redis unreachable (%s); retrying", self.group, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                continue
-            if self._down_since is not None:
-                logger.info(
-                    "run %s: Redis back after %.1f s",
-                    self.group,
-                    time.monotonic() - self._down_since,
-                )
-                self._down_since = None
-            return result
+        self._redis.what = f"run {self.group}"
+        return await self._redis.run(fn, *args)
 
     # -- opening and publishing -----------------------------------------------------------
 

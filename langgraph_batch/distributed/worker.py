@@ -60,6 +60,7 @@ from langgraph_batch.distributed._redis import (
     raise_if_cancel_requested,
     safe_url,
 )
+from langgraph_batch.distributed._redis_wait import RedisWait
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.distributed._semaphore import limit_backends
 from langgraph_batch.distributed._serde import (
@@ -69,11 +70,9 @@ from langgraph_batch.distributed._serde import (
 )
 from langgraph_batch.distributed._singleflight import RedisFlightStore
 from langgraph_batch.errors import DistributedError, InputValidationError
-from langgraph_batch.nodes._admission import SiblingAdmission
-from langgraph_batch.nodes._run import forget_run
-from langgraph_batch.nodes.fan_out import SiblingError
+from langgraph_batch.nodes import SiblingAdmission, SiblingError
 from langgraph_batch.scheduler.registry import set_backend_wrapper
-from langgraph_batch.tools._singleflight import set_flight_store
+from langgraph_batch.tools import forget_run, set_flight_store
 
 __all__ = ("Worker", "load_graph")
 
@@ -285,7 +284,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         wake_last = "$"
         next_refresh = 0.0
-        delay = 0.05
+        redis = RedisWait(f"worker {self.name}", give_up_after=None, logger=logger)
         while not stop.is_set():
             raise_if_cancel_requested()
             try:
@@ -303,13 +302,12 @@ class Worker:
                     next_refresh = 0.0
                 else:
                     await self._read(free)
-                delay = 0.05
+                redis.answered()
             except CONNECTION_ERRORS as exc:
-                logger.warning("worker %s: Redis unreachable (%s); retrying", self.name, exc)
+                # A worker never gives up on Redis (its parent may); it stops on `stop`.
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
+                    async with asyncio.timeout(redis.failed(exc)):
                         await stop.wait()
-                delay = min(delay * 2, 2.0)
             except RESPONSE_ERRORS as exc:
                 self._runs.clear()
                 next_refresh = 0.0
@@ -496,18 +494,11 @@ class Worker:
     # -- one job -------------------------------------------------------------------------
 
     async def _call(self, item: _Job, script: Any, keys: list[str], args: list[Any]) -> int:
-        """Run a job script, retrying while Redis is unreachable and the job is still ours."""
-        delay = 0.05
-        while True:
-            raise_if_cancel_requested()
-            try:
-                return int(await script(keys=keys, args=args))
-            except CONNECTION_ERRORS as exc:
-                if (item.run.keys.run_id, item.entry_id) not in self._jobs:
-                    return -1  # the heartbeat found it lost meanwhile
-                logger.debug("worker %s: Redis unreachable, retrying: %s", self.name, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        """Run a job script, waiting while Redis is unreachable and the job is still ours."""
+        redis = RedisWait(f"worker {self.name}", give_up_after=None, logger=logger, quiet=True)
+        lost = lambda: (item.run.keys.run_id, item.entry_id) not in self._jobs  # noqa: E731
+        reply = await redis.run(script, keys=keys, args=args, abandoned=lost)
+        return -1 if reply is None else int(reply)  # -1: the heartbeat found it lost meanwhile
 
     async def _execute(self, item: _Job) -> None:
         run, keys = item.run, item.run.keys

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -18,6 +18,7 @@ from langgraph_batch.emulator._http import (
     salt_of,
     structured_of,
 )
+from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.engine import Request
 from langgraph_batch.emulator.protocol import (
     ChunkEncoder,
@@ -30,18 +31,15 @@ from langgraph_batch.emulator.protocol import (
 from langgraph_batch.emulator.scenarios import Plan, ToolCallPlan, plan_chat
 from langgraph_batch.emulator.tokenizer import split_pieces, tokenize, tokenize_chat
 
-if TYPE_CHECKING:
-    from langgraph_batch.emulator.server import EmulatorServer
-
 __all__ = ("chat", "chat_batch", "completions")
 
 
-async def chat(server: EmulatorServer, request: HTTPRequest) -> Response:
+async def chat(server: Serving, request: HTTPRequest) -> Response:
     """`POST /v1/chat/completions` (JSON or SSE)."""
     try:
-        body = await server._body(request)
-        server._check_model(body)
-        messages = server._messages(body)
+        body = await server.body(request)
+        server.check_model(body)
+        messages = server.messages(body)
         opts = server.options(request, body)
         server.raise_fault(opts)
         tools = body.get("tools") or None
@@ -120,7 +118,7 @@ def _top_logprobs(body: Mapping[str, Any]) -> int | None:
     return top
 
 
-def _usage(server: EmulatorServer, req: Request) -> dict[str, Any]:
+def _usage(server: Serving, req: Request) -> dict[str, Any]:
     return usage_dict(
         req.prompt_len,
         req.num_output,
@@ -129,7 +127,7 @@ def _usage(server: EmulatorServer, req: Request) -> dict[str, Any]:
     )
 
 
-def _chat_json(server: EmulatorServer, chat_id: str, req: Request, plan: Plan) -> dict[str, Any]:
+def _chat_json(server: Serving, chat_id: str, req: Request, plan: Plan) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": plan.content,
@@ -163,7 +161,7 @@ def _chat_json(server: EmulatorServer, chat_id: str, req: Request, plan: Plan) -
 
 
 async def _stream_chat(
-    server: EmulatorServer,
+    server: Serving,
     chat_id: str,
     req: Request,
     plan: Plan,
@@ -176,7 +174,7 @@ async def _stream_chat(
     created = now_s()
     watch = Watch()
     req.listener = watch
-    await server._delay_first(opts)
+    await server.delay_first(opts)
     server.driver.submit(req)
     pieces = plan.pieces
     offsets = [0]
@@ -271,11 +269,11 @@ async def _stream_chat(
             server.driver.abort(req)
 
 
-async def chat_batch(server: EmulatorServer, request: HTTPRequest) -> Response:
+async def chat_batch(server: Serving, request: HTTPRequest) -> Response:
     """`POST /v1/chat/completions/batch`: several conversations, one choice each."""
     try:
-        body = await server._body(request)
-        server._check_model(body)
+        body = await server.body(request)
+        server.check_model(body)
         convs = body.get("messages")
         if not isinstance(convs, list) or not convs or not all(isinstance(c, list) for c in convs):
             raise RequestError("'messages' must be a non-empty list of conversations.")
@@ -289,7 +287,7 @@ async def chat_batch(server: EmulatorServer, request: HTTPRequest) -> Response:
         reqs: list[Request] = []
         plans: list[Plan] = []
         for i, conv in enumerate(convs):
-            messages = server._messages({"messages": conv})
+            messages = server.messages({"messages": conv})
             prompt_ids = tokenize_chat(messages)
             max_tokens = server.max_tokens(body, len(prompt_ids), default=None)
             plan = server.fit_length(
@@ -343,11 +341,11 @@ async def chat_batch(server: EmulatorServer, request: HTTPRequest) -> Response:
     )
 
 
-async def completions(server: EmulatorServer, request: HTTPRequest) -> Response:
+async def completions(server: Serving, request: HTTPRequest) -> Response:
     """`POST /v1/completions`: a prompt or a list of prompts, one engine request each."""
     try:
-        body = await server._body(request)
-        server._check_model(body)
+        body = await server.body(request)
+        server.check_model(body)
         prompts = _prompts(body.get("prompt"))
         if body.get("stream"):
             raise RequestError("The emulator does not stream /v1/completions; use chat.")

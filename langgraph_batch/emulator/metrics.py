@@ -8,8 +8,8 @@ from langgraph_batch.emulator.driver import Histogram
 from langgraph_batch.emulator.kv_cache import BLOCK_SIZE
 
 if TYPE_CHECKING:
+    from langgraph_batch.emulator._serving import Serving
     from langgraph_batch.emulator.engine import Engine
-    from langgraph_batch.emulator.server import EmulatorServer
 
 __all__ = ("PHASE_FIELDS", "render_metrics", "request_phases", "stats_dict")
 
@@ -48,7 +48,7 @@ def _one(
     lines.append(f"{name}{_labels(labels)} {value}")
 
 
-def render_metrics(server: EmulatorServer) -> str:
+def render_metrics(server: Serving) -> str:
     """The Prometheus exposition of the server's engine."""
     if server.config.flavor == "sglang":
         return _render_sglang(server)
@@ -108,7 +108,7 @@ def render_metrics(server: EmulatorServer) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _emulator_lines(lines: list[str], server: EmulatorServer) -> None:
+def _emulator_lines(lines: list[str], server: Serving) -> None:
     drv = server.driver
     c = server.engine.counters
     labels = {"model_name": server.config.model}
@@ -124,7 +124,7 @@ def _emulator_lines(lines: list[str], server: EmulatorServer) -> None:
          "Cached blocks evicted to make room.")  # fmt: skip
 
 
-def _render_sglang(server: EmulatorServer) -> str:
+def _render_sglang(server: Serving) -> str:
     eng = server.engine
     c = eng.counters
     drv = server.driver
@@ -177,7 +177,7 @@ def request_phases(engine: Engine, since: float) -> list[list[Any]]:
     ]
 
 
-def stats_dict(server: EmulatorServer) -> dict[str, Any]:
+def stats_dict(server: Serving) -> dict[str, Any]:
     """`GET /emulator/stats`: the engine counters and the driver's lag."""
     eng = server.engine
     c = eng.counters

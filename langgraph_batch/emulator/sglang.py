@@ -14,25 +14,23 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from langgraph_batch.emulator._http import RequestError
+from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.engine import Request
 from langgraph_batch.emulator.protocol import sse
 from langgraph_batch.emulator.scenarios import Plan, fit_length, key_of, value_for_schema
 from langgraph_batch.emulator.tokenizer import split_pieces, tokenize
 
-if TYPE_CHECKING:
-    from langgraph_batch.emulator.server import EmulatorServer
-
 __all__ = ("routes",)
 
 
-def routes(server: EmulatorServer) -> list[Route]:
+def routes(server: Serving) -> list[Route]:
     """The SGLang-only routes bound to `server`."""
 
     async def generate(request: HTTPRequest) -> Response:
@@ -78,7 +76,7 @@ def routes(server: EmulatorServer) -> list[Route]:
     ]
 
 
-def _plan(server: EmulatorServer, prompt: str, params: Mapping[str, Any], opts: Any) -> Plan:
+def _plan(server: Serving, prompt: str, params: Mapping[str, Any], opts: Any) -> Plan:
     max_new = int(params.get("max_new_tokens", 128))
     schema = params.get("json_schema")
     if schema is not None:
@@ -104,9 +102,9 @@ def _finish(plan: Plan, req: Request, max_new: int) -> dict[str, Any]:
     return {"type": "stop", "matched": 151645}
 
 
-async def _generate(server: EmulatorServer, request: HTTPRequest) -> Response:
+async def _generate(server: Serving, request: HTTPRequest) -> Response:
     try:
-        body = await server._body(request)
+        body = await server.body(request)
         opts = server.options(request, body)
         server.raise_fault(opts)
         text = body.get("text")
@@ -182,9 +180,7 @@ def _result(req: Request, plan: Plan, params: Mapping[str, Any], start: float) -
     }
 
 
-async def _stream(
-    server: EmulatorServer, req: Request, plan: Plan, start: float
-) -> AsyncIterator[bytes]:
+async def _stream(server: Serving, req: Request, plan: Plan, start: float) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     fut: list[asyncio.Future[None]] = []
 

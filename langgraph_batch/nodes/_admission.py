@@ -49,8 +49,7 @@ from dataclasses import dataclass
 
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch.nodes._forecast import ContextForecast
-from langgraph_batch.scheduler._capacity import KVLedger
-from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
+from langgraph_batch.scheduler import CONTEXT_TOKENS_PRIOR, KVLedger
 
 __all__ = ("DEFAULT_KV_HEADROOM", "AdmissionStats", "SiblingAdmission")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from langgraph_batch._loop import BackgroundLoop
 from langgraph_batch._progress import FAN_OUT_EVENT, fan_out_event
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.nodes._spec import FanOutSpec
+from langgraph_batch.tools import forget_run
 
 __all__ = (
     "RUN_KEY",
@@ -36,7 +36,6 @@ __all__ = (
     "child_config",
     "close_empty",
     "close_run",
-    "forget_run",
     "group_id",
     "open_run",
     "report_sizer",
@@ -237,17 +236,6 @@ def group_id(config: RunnableConfig) -> str:
     return uuid.uuid4().hex[:8]
 
 
-def forget_run(run_id: str) -> None:
-    """Drop what coalesced tools kept for this run (the tools module is optional here)."""
-    tools = sys.modules.get("langgraph_batch.tools._policy")
-    forget = getattr(tools, "forget_run", None)
-    if callable(forget):
-        try:
-            forget(run_id)
-        except Exception:
-            logger.warning("fan_out: forget_run(%s) failed", run_id, exc_info=True)
-
-
 def report_sizer(task: asyncio.Task[None]) -> None:
     """The sizer is never awaited (the run may be cancelled): report its failure here."""
     if task.cancelled():
@@ -311,7 +299,7 @@ def close_run(run: FanOutRun, *, loop: BackgroundLoop | None = None) -> None:
         if run.sizer is not None and not run.sizer.done():
             run.sizer.cancel()  # never awaited here: this task may itself be cancelled
         run.admission.close()  # its siblings stop counting in the server's KV ledger
-        forget_run(run.run_id)
+        forget_run(run.run_id)  # what coalesced tools kept for the run
 
     if loop is None:
         close()

@@ -7,16 +7,14 @@ building the admission gate.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
-from langgraph_batch.scheduler._capacity import KVLedger
-from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR
-from langgraph_batch.scheduler.registry import loop_schedulers, scheduler_created
+from langgraph_batch.scheduler import CONTEXT_TOKENS_PRIOR, KVLedger
+from langgraph_batch.scheduler.registry import find_scheduler, loop_schedulers, scheduler_created
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
 
@@ -133,12 +131,7 @@ class FanOutSpec:
         sched = self.scheduler
         if isinstance(sched, str):
             try:
-                # Imported by name: the scheduler package is optional at this layer.
-                registry = importlib.import_module("langgraph_batch.scheduler.registry")
-            except ImportError:
-                return None
-            try:
-                return registry.find_scheduler(sched)
+                return find_scheduler(sched)
             except Exception:
                 logger.debug("fan_out: no scheduler named %s", sched, exc_info=True)
                 return None

@@ -25,8 +25,11 @@ from langgraph_batch.record._format import (
     ToolRun,
     read_recording,
 )
+from langgraph_batch.record._format import shared_prefix as shared_prefix
 from langgraph_batch.record._recorder import Recorder
 
+# Also importable from here, for the library's other packages (`bench --replay`), and not part of
+# `__all__` (no user API): shared_prefix.
 __all__ = (
     "FORMAT",
     "FORMAT_VERSION",

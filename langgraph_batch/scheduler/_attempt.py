@@ -7,6 +7,10 @@ whatever happens, and retries a retryable failure after a jittered backoff
 WITHOUT a slot. A streamed request that already delivered content or
 tool-call chunks is never retried. A prefix leader's first chunk releases its
 held followers (`_call_leader`).
+
+`RequestAttempts` is a collaborator of the `Scheduler`, given the backend,
+the policy, the policy core, the stats, the scheduler's `Lifecycle` and its
+`DispatchLoop` (to wake it and to give slots back).
 """
 
 from __future__ import annotations
@@ -16,43 +20,52 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch._retry_policy import Delivery
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
-from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError, SchedulerError
+from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError
+from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
-from langgraph_batch.scheduler._retry import (
-    backoff,
-    log_failure,
-    log_retry,
-    outcome_of,
-    retryable,
-)
-from langgraph_batch.scheduler._state import SchedulerState
+from langgraph_batch.scheduler._retry import log_failure, log_retry, outcome_of
+from langgraph_batch.scheduler._state import Lifecycle
 from langgraph_batch.scheduler._stats import StatsRecorder
 
 __all__ = ("RequestAttempts",)
 
 
 class RequestAttempts:
-    """The `Scheduler`'s part that runs one request in its caller's task (a mixin)."""
+    """The `Scheduler`'s part that runs one request in its caller's task.
 
-    if TYPE_CHECKING:
-        name: str
-        _backend: Backend
-        _policy: BatchPolicy
-        _core: BatchPolicyCore
-        _stats: StatsRecorder
-        _state: SchedulerState
-        _rng: random.Random
+    Args:
+        backend: where calls go.
+        policy: the scheduler's policy (its `retry`).
+        core: the policy core that grants slots.
+        stats: the scheduler's counters.
+        life: the scheduler's lifecycle.
+        dispatch: the dispatch loop (woken when a slot may be granted; takes slots back).
+    """
 
-        def _refusal(self) -> SchedulerError: ...
-        def _kick(self) -> None: ...
-        def _release(self, item: PolicyItem, outcome: Outcome) -> None: ...
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        policy: BatchPolicy,
+        core: BatchPolicyCore,
+        stats: StatsRecorder,
+        life: Lifecycle,
+        dispatch: DispatchLoop,
+    ) -> None:
+        self._backend = backend
+        self._policy = policy
+        self._core = core
+        self._stats = stats
+        self._life = life
+        self._dispatch = dispatch
+        self._rng = random.Random()
 
-    async def _run_item(
+    async def run_item(
         self,
         loop: asyncio.AbstractEventLoop,
         item: PolicyItem,
@@ -87,7 +100,7 @@ class RequestAttempts:
                     request_id=request.request_id or None,
                 )
                 self._stats.record_failure(err)
-                log_failure(self.name, request.request_id, sibling, err, attempt=0)
+                log_failure(self._life.name, request.request_id, sibling, err, attempt=0)
                 raise err from exc
         except asyncio.CancelledError:
             self._stats.cancelled += 1
@@ -106,18 +119,11 @@ class RequestAttempts:
         core = self._core
         clock = time.monotonic
         t0 = clock()
-        delivered = 0
-        cb = on_chunk
-        if on_chunk is not None and request.stream:
-
-            def cb(chunk: ChatChunk) -> None:
-                # Only content and tool-call fragments reach the caller's output; a
-                # stream that fails before the first of them is retried like any call.
-                nonlocal delivered
-                if chunk.content or chunk.tool_call_chunks:
-                    delivered += 1
-                on_chunk(chunk)
-
+        retry = self._policy.retry
+        # Only content and tool-call fragments reach the caller's output; a stream
+        # that fails before the first of them is retried like any call.
+        delivery = Delivery()
+        cb = delivery.wrap(on_chunk) if on_chunk is not None and request.stream else on_chunk
         attempt = 0
         while True:
             try:
@@ -129,7 +135,7 @@ class RequestAttempts:
                     item.future = fut
                     core.enqueue(item, now)
                     if core.slots_free and core.ready:
-                        self._kick()
+                        self._dispatch.kick()
                     try:
                         res = await fut
                     except asyncio.CancelledError:
@@ -141,24 +147,26 @@ class RequestAttempts:
             except Exception as exc:
                 if isinstance(exc, MalformedToolCallError):
                     self._stats.malformed_tool_calls += 1
-                if self._state is not SchedulerState.OPENED or not retryable(
-                    exc, attempt=attempt, max_retries=max_retries, delivered=delivered
+                if not self._life.opened or not retry.should_retry(
+                    exc, attempt=attempt, delivery=delivery, max_retries=max_retries
                 ):
                     self._stats.record_failure(exc)
                     log_failure(
-                        self.name,
+                        self._life.name,
                         request.request_id,
                         sibling,
                         exc,
                         attempt=attempt,
-                        delivered=delivered,
+                        delivered=delivery.delivered,
                     )
                     raise
                 attempt += 1
                 self._stats.record_retry(exc)
-                delay = backoff(self._policy, self._rng, attempt, exc)
+                delay = retry.interval(
+                    attempt, self._rng, retry_after=getattr(exc, "retry_after_s", None)
+                )
                 log_retry(
-                    self.name,
+                    self._life.name,
                     request.request_id,
                     sibling,
                     exc,
@@ -167,8 +175,8 @@ class RequestAttempts:
                     delay=delay,
                 )
                 await asyncio.sleep(delay)
-                if self._state is not SchedulerState.OPENED:
-                    refusal = self._refusal()
+                if not self._life.opened:
+                    refusal = self._life.refusal()
                     self._stats.record_failure(refusal)
                     raise refusal from exc
                 continue
@@ -190,9 +198,9 @@ class RequestAttempts:
             else:
                 resp = await self._backend.chat(request, on_chunk=cb)
         except BaseException as exc:
-            self._release(item, outcome_of(exc))
+            self._dispatch.release(item, outcome_of(exc))
             raise
-        self._release(item, Outcome.OK)
+        self._dispatch.release(item, Outcome.OK)
         return resp
 
     async def _call_leader(
@@ -213,10 +221,8 @@ class RequestAttempts:
             nonlocal seen
             if not seen:
                 seen = True
-                if self._state is SchedulerState.OPENED and self._core.on_first_token(
-                    item, time.monotonic()
-                ):
-                    self._kick()
+                if self._life.opened and self._core.on_first_token(item, time.monotonic()):
+                    self._dispatch.kick()
             if user_cb is not None:
                 user_cb(chunk)
 
@@ -230,7 +236,7 @@ class RequestAttempts:
             core = self._core
             core.withdraw(item, time.monotonic())  # counts its wait into queued_s
             if core.ready and core.slots_free:
-                self._kick()  # a withdrawn leader may have handed the lead on
+                self._dispatch.kick()  # a withdrawn leader may have handed the lead on
         elif item.state == RUNNING and not item.in_batch:
             # Granted but never started: give the slot straight back.
-            self._release(item, Outcome.CANCELLED)
+            self._dispatch.release(item, Outcome.CANCELLED)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+from langgraph_batch._retry_policy import RetryPolicy
 
 __all__ = ("BatchPolicy", "PrefixWarming", "PriorityMode")
 
@@ -45,11 +47,17 @@ class BatchPolicy:
     which the engine's decode throughput stops growing, learned while the run
     goes; one-shot requests (what `abatch` sends) are not.
 
+    Retries: `retry`, a `RetryPolicy` (the deprecated keywords `max_retries=`,
+    `backoff_base_s=` and `backoff_max_s=` still build one: `max_attempts`,
+    `initial_interval`, `max_interval`). A call's own budget
+    (`Scheduler.submit(max_retries=)`, `BatchedChatModel(max_retries=)`) wins
+    when it sets one; see `Scheduler.submit`.
+
     Example:
         ```python
-        from langgraph_batch.scheduler import BatchPolicy, Scheduler
+        from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
 
-        policy = BatchPolicy(inflight_limit=128, priority="las", max_retries=3)
+        policy = BatchPolicy(inflight_limit=128, priority="las", retry=RetryPolicy(max_attempts=4))
         scheduler = Scheduler(backend, policy=policy, name="main")
         ```
 
@@ -100,12 +108,9 @@ class BatchPolicy:
     instead of in the order the siblings happened to start."""
     max_batch_size: int = 64
     """Most requests in one `complete_batch` call (1: batching off)."""
-    max_retries: int = 2
-    """Retries of a retryable error (a request runs at most 1 + max_retries times)."""
-    backoff_base_s: float = 0.25
-    """First retry's backoff ceiling; doubles per attempt (full jitter)."""
-    backoff_max_s: float = 8.0
-    """Largest backoff ceiling (Retry-After from the server may exceed it)."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Which failed calls are sent again, how often, how long apart (default: 3
+    attempts, waits from 0.25 s doubling to 8 s, jittered; `Retry-After` honoured)."""
     timeout: float | None = None
     """Default per-request timeout, queue wait included (None: no limit)."""
     stats_window: int = 10_000
@@ -174,14 +179,8 @@ class BatchPolicy:
         if not self.gather_window_s >= 0:
             raise ValueError(f"gather_window_s={self.gather_window_s!r} must be >= 0")
         _check_int("max_batch_size", self.max_batch_size, 1)
-        _check_int("max_retries", self.max_retries, 0)
-        if not self.backoff_base_s >= 0:
-            raise ValueError(f"backoff_base_s={self.backoff_base_s!r} must be >= 0")
-        if not self.backoff_max_s >= self.backoff_base_s:
-            raise ValueError(
-                f"backoff_max_s={self.backoff_max_s!r} must be >= "
-                f"backoff_base_s={self.backoff_base_s!r}"
-            )
+        if not isinstance(self.retry, RetryPolicy):
+            raise ValueError(f"retry={self.retry!r} must be a RetryPolicy")
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError(f"timeout={self.timeout!r} must be > 0 seconds (or None)")
         _check_int("stats_window", self.stats_window, 1)
@@ -227,6 +226,7 @@ class BatchPolicy:
 
         Args:
             config: field names to values; unknown names are an error.
+                `retry` may be a dict of `RetryPolicy` fields.
 
         Returns:
             The policy.
@@ -236,34 +236,69 @@ class BatchPolicy:
 
         Example:
             ```python
-            BatchPolicy.from_dict({"inflight_limit": 32, "priority": "fifo"})
+            BatchPolicy.from_dict({"inflight_limit": 32, "retry": {"max_attempts": 5}})
             ```
         """
-        known = set(cls.__dataclass_fields__) | {"max_inflight"}
+        known = set(cls.__dataclass_fields__) | set(_DEPRECATED)
         unknown = sorted(set(config) - known)
         if unknown:
             raise ValueError(
                 f"unknown BatchPolicy field(s) {unknown}; known fields: {sorted(known)}"
             )
+        retry = config.get("retry")
+        if isinstance(retry, dict):
+            retry_known = set(RetryPolicy.__dataclass_fields__) - {"retry_on"}
+            if unknown := sorted(set(retry) - retry_known):
+                raise ValueError(
+                    f"unknown RetryPolicy field(s) {unknown}; known fields: {sorted(retry_known)}"
+                )
+            config = {**config, "retry": RetryPolicy(**retry)}
         return cls(**config)
 
 
+# Deprecated keywords (outside the dataclass's fields, so that `dataclasses.replace`
+# and `fields()` never see them) -> what they are now.
+_DEPRECATED = {
+    "max_inflight": "inflight_limit",
+    "max_retries": "retry=RetryPolicy(max_attempts=max_retries + 1)",
+    "backoff_base_s": "retry=RetryPolicy(initial_interval=...)",
+    "backoff_max_s": "retry=RetryPolicy(max_interval=...)",
+}
 _DEPRECATED_MAX_INFLIGHT = (
     "BatchPolicy's max_inflight is deprecated: it is inflight_limit (BatchedChatModel's "
     "max_inflight, the hard cap, keeps its name)"
 )
+_RETRY_FIELDS = {
+    "max_retries": "max_attempts",
+    "backoff_base_s": "initial_interval",
+    "backoff_max_s": "max_interval",
+}
 _dataclass_init = BatchPolicy.__init__
 
 
-def _init_accepting_max_inflight(self: BatchPolicy, **fields: Any) -> None:
-    # The deprecated keyword, outside the dataclass's fields so that
-    # `dataclasses.replace` and `fields()` never see it.
+def _init_accepting_old_names(self: BatchPolicy, **fields: Any) -> None:
     if "max_inflight" in fields:
         warnings.warn(_DEPRECATED_MAX_INFLIGHT, DeprecationWarning, stacklevel=2)
         old = fields.pop("max_inflight")
         if "inflight_limit" in fields:
             raise TypeError("pass inflight_limit= only (max_inflight= is its deprecated name)")
         fields["inflight_limit"] = old
+    old_retry = {name: fields.pop(name) for name in _RETRY_FIELDS if name in fields}
+    if old_retry:
+        warnings.warn(
+            f"BatchPolicy's {', '.join(old_retry)} deprecated: pass "
+            "retry=RetryPolicy(max_attempts=..., initial_interval=..., max_interval=...)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if "retry" in fields:
+            raise TypeError(f"pass retry= only ({', '.join(old_retry)}: its deprecated spelling)")
+        if "max_retries" in old_retry:
+            _check_int("max_retries", old_retry["max_retries"], 0)
+            old_retry["max_retries"] += 1
+        fields["retry"] = replace(
+            RetryPolicy(), **{_RETRY_FIELDS[k]: v for k, v in old_retry.items()}
+        )
     _dataclass_init(self, **fields)
 
 
@@ -272,10 +307,25 @@ def _max_inflight(self: BatchPolicy) -> int:
     return self.inflight_limit
 
 
-_init_accepting_max_inflight.__doc__ = _dataclass_init.__doc__
-_init_accepting_max_inflight.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
-BatchPolicy.__init__ = _init_accepting_max_inflight  # type: ignore[method-assign]
+def _retry_property(old: str, read: Any) -> property:
+    def get(self: BatchPolicy) -> Any:
+        warnings.warn(
+            f"BatchPolicy.{old} is deprecated: read BatchPolicy.retry ({_DEPRECATED[old]})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return read(self.retry)
+
+    return property(get, doc=f"Deprecated: `retry` ({_DEPRECATED[old]}).")
+
+
+_init_accepting_old_names.__doc__ = _dataclass_init.__doc__
+_init_accepting_old_names.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
+BatchPolicy.__init__ = _init_accepting_old_names  # type: ignore[method-assign]
 BatchPolicy.max_inflight = property(_max_inflight, doc="Deprecated: `inflight_limit`.")  # type: ignore[attr-defined]
+BatchPolicy.max_retries = _retry_property("max_retries", lambda r: r.max_retries)  # type: ignore[attr-defined]
+BatchPolicy.backoff_base_s = _retry_property("backoff_base_s", lambda r: r.initial_interval)  # type: ignore[attr-defined]
+BatchPolicy.backoff_max_s = _retry_property("backoff_max_s", lambda r: r.max_interval)  # type: ignore[attr-defined]
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -1,11 +1,16 @@
 """The `Scheduler`'s dispatch loop: it feeds the policy's plan and performs it.
 
 One task per scheduler, created lazily in the running loop, that wakes only
-when something may be dispatched (`_kick`): it asks `BatchPolicyCore.plan`
+when something may be dispatched (`kick`): it asks `BatchPolicyCore.plan`
 for a plan, resolves the winners' futures (their callers then make the
 call), starts one task per batch (`complete_batch_settled`, which resolves
 every member's future with its own response or error), arms a timer for open
 batch windows, and polls the engine's metrics. It never polls in a loop.
+
+`DispatchLoop` is a collaborator of the `Scheduler`: it is given the backend,
+the policy, the policy core, the stats and the scheduler's `Lifecycle`, and
+owns what it alone touches (the event loop, the runner task, its wake-up
+future and timer, the batch tasks).
 """
 
 from __future__ import annotations
@@ -13,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from langgraph_batch.backends.base import Backend
-from langgraph_batch.errors import BackendError, SchedulerError
+from langgraph_batch.errors import BackendError
 from langgraph_batch.scheduler._item import RUNNING, Outcome, PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._retry import outcome_of
-from langgraph_batch.scheduler._state import SchedulerState
+from langgraph_batch.scheduler._state import Lifecycle, SchedulerState
 from langgraph_batch.scheduler._stats import StatsRecorder
 
 __all__ = ("DispatchLoop",)
@@ -29,27 +33,84 @@ logger = logging.getLogger("langgraph_batch.scheduler._runner")
 
 
 class DispatchLoop:
-    """The `Scheduler`'s part that performs the policy's plans (a mixin)."""
+    """The `Scheduler`'s part that performs the policy's plans.
 
-    if TYPE_CHECKING:
-        name: str
-        _backend: Backend
-        _policy: BatchPolicy
-        _core: BatchPolicyCore
-        _stats: StatsRecorder
-        _state: SchedulerState
-        _runner: asyncio.Task[None] | None
-        _wake: asyncio.Future[None] | None
-        _timer: asyncio.TimerHandle | None
-        _timer_at: float | None
-        _batch_tasks: set[asyncio.Task[None]]
+    Args:
+        backend: where batches go (`complete_batch_settled`) and metrics come from.
+        policy: the scheduler's policy (the metrics interval).
+        core: the policy core that plans.
+        stats: the scheduler's counters.
+        life: the scheduler's lifecycle.
+    """
 
-        def _refusal(self) -> SchedulerError: ...
-        def _fail_queued(self) -> None: ...
-        def _release_loop(self) -> None: ...
-        def _die(self, exc: BaseException) -> None: ...
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        policy: BatchPolicy,
+        core: BatchPolicyCore,
+        stats: StatsRecorder,
+        life: Lifecycle,
+    ) -> None:
+        self._backend = backend
+        self._policy = policy
+        self._core = core
+        self._stats = stats
+        self._life = life
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop it runs in (None before it starts or after it ends)."""
+        self.runner: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._batch_tasks: set[asyncio.Task[None]] = set()
 
-    def _kick(self) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Open the scheduler in `loop` and start the runner task there."""
+        self.loop = loop
+        self._life.state = SchedulerState.OPENED
+        self.runner = loop.create_task(self._run(), name=f"langgraph-batch scheduler {self.name}")
+
+    @property
+    def name(self) -> str:
+        return self._life.name
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The runner and the batch tasks still running (what closing cancels)."""
+        return [t for t in (self.runner, *self._batch_tasks) if t is not None and not t.done()]
+
+    def fail_queued(self) -> None:
+        """Fail every queued request with the scheduler's refusal."""
+        for item in self._core.drain():
+            fut = item.future
+            if fut is not None and not fut.done():
+                fut.set_exception(self._life.refusal())
+
+    def release_loop(self) -> None:
+        """Drop every reference to the loop so that the registry's weak keys can go."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._wake = None
+        self.runner = None
+        self.loop = None
+
+    def die(self, exc: BaseException) -> None:
+        """The runner failed: the scheduler is dead, its queued requests fail with the cause."""
+        life = self._life
+        if life.state is not SchedulerState.OPENED:
+            return
+        life.state = SchedulerState.DEAD
+        life.dead_cause = exc
+        logger.error("scheduler %r runner died", self.name, exc_info=exc)
+        try:
+            self.fail_queued()
+        finally:
+            for t in self._batch_tasks:
+                t.cancel()
+
+    def kick(self) -> None:
+        """Wake the runner: something may be dispatched."""
         f = self._wake
         if f is not None:
             self._wake = None
@@ -105,28 +166,28 @@ class DispatchLoop:
                 wake = self._wake = loop.create_future()
                 await wake
         except asyncio.CancelledError:
-            if self._state is SchedulerState.OPENED:
+            if self._life.opened:
                 # Cancelled from outside (the loop is shutting down): behave as closed.
-                self._state = SchedulerState.CLOSED
-                self._fail_queued()
+                self._life.state = SchedulerState.CLOSED
+                self.fail_queued()
                 for t in self._batch_tasks:
                     t.cancel()
-                self._release_loop()
+                self.release_loop()
             raise
         except BaseException as exc:  # the runner must never die silently
-            self._die(exc)
+            self.die(exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
             if poller is not None:
                 poller.cancel()
-            if self._state is not SchedulerState.OPENED:
-                self._release_loop()
+            if not self._life.opened:
+                self.release_loop()
 
     def _timer_fired(self) -> None:
         self._timer = None
         self._timer_at = None
-        self._kick()
+        self.kick()
 
     async def _run_batch(self, batch: list[PolicyItem]) -> None:
         requests = [item.payload for item in batch]
@@ -143,24 +204,24 @@ class DispatchLoop:
         except asyncio.CancelledError:
             # The scheduler is closing or dead: members get its refusal.
             for item in batch:
-                self._release(item, Outcome.CANCELLED)
+                self.release(item, Outcome.CANCELLED)
                 if not item.future.done():
-                    item.future.set_exception(self._refusal())
+                    item.future.set_exception(self._life.refusal())
             raise
         except Exception as exc:
             outcome = outcome_of(exc)
             for item in batch:
-                self._release(item, outcome)
+                self.release(item, outcome)
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
-                self._release(item, outcome_of(result))
+                self.release(item, outcome_of(result))
                 if not item.future.done():
                     item.future.set_exception(result)
             else:
-                self._release(item, Outcome.OK)
+                self.release(item, Outcome.OK)
                 if not item.future.done():
                     item.future.set_result(result)
 
@@ -180,18 +241,19 @@ class DispatchLoop:
                 try:
                     core.on_metrics(metrics, time.monotonic())
                 except Exception as exc:
-                    self._die(exc)
-                    if self._runner is not None:
-                        self._runner.cancel()
+                    self.die(exc)
+                    if self.runner is not None:
+                        self.runner.cancel()
                     return
                 if core.ready and core.slots_free:
-                    self._kick()
+                    self.kick()
             await asyncio.sleep(interval)
 
-    def _release(self, item: PolicyItem, outcome: Outcome) -> None:
-        if self._state is SchedulerState.DEAD or item.state != RUNNING:
+    def release(self, item: PolicyItem, outcome: Outcome) -> None:
+        """Give a running item's slot back, with how its attempt ended."""
+        if self._life.state is SchedulerState.DEAD or item.state != RUNNING:
             return
         core = self._core
         core.on_complete(item, outcome, time.monotonic())
         if core.ready:
-            self._kick()
+            self.kick()

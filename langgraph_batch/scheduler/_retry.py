@@ -1,10 +1,9 @@
-"""Retry decisions of the scheduler: what may be sent again, how long to wait, what to log.
+"""What the scheduler logs about retries, and what a failure teaches the in-flight limit.
 
-A failed attempt is retried when the error says it may succeed again
-(`is_retryable`), retries are left, and nothing of the failed attempt reached
-the caller: a stream that already delivered content or tool-call chunks is
-never replayed, since the caller has shown them. Everything else fails the
-call with its typed error.
+Whether a failed call is sent again, and when, is `BatchPolicy.retry`'s
+decision (a `RetryPolicy`: `should_retry`, `interval`), with the call's own
+budget when it has one; a stream that already delivered content or tool-call
+chunks is never replayed (`Delivery`), since the caller has shown them.
 
 Logging (logger `langgraph_batch.scheduler._retry`): every retry at INFO, and
 every call that fails for good at WARNING, each with the request id, the
@@ -18,43 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from typing import Any
 
 from langgraph_batch._context import SiblingInfo
-from langgraph_batch.errors import BackendRateLimitError, BackendServerError, SchedulerError
-from langgraph_batch.scheduler._config import BatchPolicy
+from langgraph_batch.errors import BackendRateLimitError, BackendServerError
 from langgraph_batch.scheduler._item import Outcome
 
-__all__ = ("backoff", "log_failure", "log_retry", "outcome_of", "retryable")
+__all__ = ("log_failure", "log_retry", "outcome_of")
 
 logger = logging.getLogger(__name__)
-
-
-def retryable(exc: BaseException, *, attempt: int, max_retries: int, delivered: int) -> bool:
-    """May the call that failed with `exc` on attempt `attempt` (0-based) be sent again?
-
-    Example:
-        ```python
-        retryable(BackendServerError("503"), attempt=0, max_retries=2, delivered=0)  # True
-        ```
-    """
-    return (
-        attempt < max_retries
-        and not delivered
-        and bool(getattr(exc, "is_retryable", False))
-        and not isinstance(exc, SchedulerError)
-    )
-
-
-def backoff(policy: BatchPolicy, rng: random.Random, attempt: int, exc: BaseException) -> float:
-    """Seconds before retry `attempt` (1-based): full jitter, at least the server's Retry-After."""
-    ceiling = min(policy.backoff_max_s, policy.backoff_base_s * (2 ** (attempt - 1)))
-    delay = rng.uniform(0.0, ceiling)
-    retry_after = getattr(exc, "retry_after_s", None)
-    if retry_after is not None and retry_after > delay:
-        delay = float(retry_after)
-    return delay
 
 
 def _fields(

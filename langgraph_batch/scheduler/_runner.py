@@ -1,8 +1,10 @@
 """`Scheduler`: the async driver around the pure `BatchPolicyCore`.
 
-This module holds the public face and the lifecycle; `_attempt` runs one
-request in its caller's task, `_dispatch` is the loop that performs the
-policy's plans, `_capacity` keeps the server's KV capacity and ledger.
+This module holds the public face and the lifecycle; its collaborators,
+each given what it needs: `_attempt.RequestAttempts` runs one request in its
+caller's task, `_dispatch.DispatchLoop` is the loop that performs the policy's
+plans, `_state.Lifecycle` is the state they share, `_capacity` keeps the
+server's KV capacity and ledger.
 
 Division of work (cheapest design that keeps cancellation exact):
 
@@ -38,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import random
 import time
 import weakref
 from collections.abc import Callable
@@ -56,11 +57,7 @@ from langgraph_batch.backends.base import (
     EngineMetrics,
     sibling_route_key,
 )
-from langgraph_batch.errors import (
-    SchedulerClosedError,
-    SchedulerDeadError,
-    SchedulerError,
-)
+from langgraph_batch.errors import SchedulerError
 from langgraph_batch.scheduler._attempt import RequestAttempts
 from langgraph_batch.scheduler._capacity import KVLedger, read_kv_capacity
 from langgraph_batch.scheduler._dispatch import DispatchLoop
@@ -68,7 +65,7 @@ from langgraph_batch.scheduler._item import PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
 from langgraph_batch.scheduler._priority import conversation_of, engine_priority
-from langgraph_batch.scheduler._state import SchedulerState
+from langgraph_batch.scheduler._state import Lifecycle, SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
 __all__ = ("Scheduler", "SchedulerState", "live_schedulers")
@@ -85,7 +82,7 @@ def live_schedulers() -> list[Scheduler]:
     return list(_LIVE)
 
 
-class Scheduler(RequestAttempts, DispatchLoop):
+class Scheduler:
     """Queues LLM requests of many callers and sends them to one backend.
 
     At most `policy.inflight_limit` requests (adaptive) are on the wire; the
@@ -137,15 +134,23 @@ class Scheduler(RequestAttempts, DispatchLoop):
         self._stats = StatsRecorder(window=self._policy.stats_window, name=self.name)
         self._provider = _tracing.provider_of(backend)
         _LIVE.add(self)
-        self._state = SchedulerState.UNOPENED
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: asyncio.Task[None] | None = None
-        self._wake: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._batch_tasks: set[asyncio.Task[None]] = set()
-        self._dead_cause: BaseException | None = None
-        self._rng = random.Random()
+        self._life = Lifecycle(self.name)
+        # Its parts, each given what it needs (nothing is shared by inheritance).
+        self._dispatch = DispatchLoop(
+            backend=backend,
+            policy=self._policy,
+            core=self._core,
+            stats=self._stats,
+            life=self._life,
+        )
+        self._attempts = RequestAttempts(
+            backend=backend,
+            policy=self._policy,
+            core=self._core,
+            stats=self._stats,
+            life=self._life,
+            dispatch=self._dispatch,
+        )
         self._priority_to_engine = caps.priority
         self._orders_by_recency = self._policy.priority == "depth_first"
         self._ledger: KVLedger | None = None
@@ -165,12 +170,16 @@ class Scheduler(RequestAttempts, DispatchLoop):
     @property
     def state(self) -> SchedulerState:
         """The lifecycle state."""
-        return self._state
+        return self._life.state
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop the scheduler runs in (None before it starts or after it ends)."""
-        return self._loop
+        return self._dispatch.loop
+
+    @property
+    def _runner(self) -> asyncio.Task[None] | None:
+        return self._dispatch.runner
 
     @property
     def prefix_warming(self) -> bool:
@@ -266,15 +275,15 @@ class Scheduler(RequestAttempts, DispatchLoop):
         )
 
     def __repr__(self) -> str:
-        return f"<Scheduler {self.name!r} {self._state.name} backend={self._backend.key!r}>"
+        return f"<Scheduler {self.name!r} {self.state.name} backend={self._backend.key!r}>"
 
     # ------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> Self:
-        if self._state is SchedulerState.UNOPENED:
+        if self.state is SchedulerState.UNOPENED:
             self._start(asyncio.get_running_loop())
-        elif self._state is not SchedulerState.OPENED:
-            raise self._refusal()
+        elif not self._life.opened:
+            raise self._life.refusal()
         else:
             self._check_loop(asyncio.get_running_loop())
         return self
@@ -300,18 +309,19 @@ class Scheduler(RequestAttempts, DispatchLoop):
             assert scheduler.state is SchedulerState.CLOSED
             ```
         """
-        if self._state is SchedulerState.CLOSED:
+        life = self._life
+        if life.state is SchedulerState.CLOSED:
             return
-        was_dead = self._state is SchedulerState.DEAD
-        self._state = SchedulerState.CLOSED
+        was_dead = life.state is SchedulerState.DEAD
+        life.state = SchedulerState.CLOSED
         if not was_dead:
-            self._fail_queued()
-        tasks = [t for t in (self._runner, *self._batch_tasks) if t is not None and not t.done()]
+            self._dispatch.fail_queued()
+        tasks = self._dispatch.tasks()
         for t in tasks:
             t.cancel()
         if tasks:
             await self._bounded(asyncio.gather(*tasks, return_exceptions=True), "stop tasks")
-        self._release_loop()
+        self._dispatch.release_loop()
         if self._owns_backend:
             await self._bounded(self._backend.aclose(), "close backend")
         logger.info("scheduler %r closed", self.name)
@@ -326,60 +336,16 @@ class Scheduler(RequestAttempts, DispatchLoop):
             logger.warning("scheduler %r: %s took over %s s", self.name, what, _CLEANUP_TIMEOUT_S)
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._state = SchedulerState.OPENED
-        self._runner = loop.create_task(self._run(), name=f"langgraph-batch scheduler {self.name}")
+        self._dispatch.start(loop)
         logger.info("scheduler %r started (backend %s)", self.name, self._backend.key)
 
     def _check_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        if loop is not self._loop:
+        if loop is not self._dispatch.loop:
             raise SchedulerError(
                 f"scheduler {self.name!r} runs in another event loop; a scheduler is bound "
                 "to the loop it first ran in. Use scheduler_for(...) from "
                 "langgraph_batch.scheduler.registry to get one per loop."
             )
-
-    def _refusal(self) -> SchedulerError:
-        if self._state is SchedulerState.DEAD:
-            cause = self._dead_cause
-            err: SchedulerError = SchedulerDeadError(
-                f"scheduler {self.name!r} is dead: its runner failed with {cause!r}. "
-                "Create a new Scheduler (scheduler_for(...) replaces dead ones).",
-                cause=cause,
-            )
-            err.__cause__ = cause
-            return err
-        return SchedulerClosedError(
-            f"scheduler {self.name!r} is closed and cannot be reopened or take work; "
-            "create a new Scheduler (scheduler_for(...) replaces closed ones)."
-        )
-
-    def _fail_queued(self) -> None:
-        for item in self._core.drain():
-            fut = item.future
-            if fut is not None and not fut.done():
-                fut.set_exception(self._refusal())
-
-    def _release_loop(self) -> None:
-        # Drop every reference to the loop so that the registry's weak keys can go.
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._wake = None
-        self._runner = None
-        self._loop = None
-
-    def _die(self, exc: BaseException) -> None:
-        if self._state is not SchedulerState.OPENED:
-            return
-        self._state = SchedulerState.DEAD
-        self._dead_cause = exc
-        logger.error("scheduler %r runner died", self.name, exc_info=exc)
-        try:
-            self._fail_queued()
-        finally:
-            for t in self._batch_tasks:
-                t.cancel()
 
     # ------------------------------------------------------------ submitting
 
@@ -400,7 +366,10 @@ class Scheduler(RequestAttempts, DispatchLoop):
             request: the chat completion to run.
             turn: LLM calls the caller has completed (default: `sibling.turn`, else 0).
             sibling: the calling sibling (`current_sibling()`), for priority, stats and logs.
-            max_retries: retries of retryable errors (default: the policy's).
+            max_retries: retries of this call's retryable errors. The one
+                precedence rule: this when given (`BatchedChatModel` passes its
+                `max_retries` when set), else `policy.retry.max_attempts - 1`;
+                which errors and how long between come from `policy.retry`.
             timeout: seconds for queue wait + call + retries (default: the policy's).
             on_chunk: called with every streamed delta (needs `request.stream`).
             check: called with each response; a retryable error it raises (e.g.
@@ -428,20 +397,20 @@ class Scheduler(RequestAttempts, DispatchLoop):
             ```
         """
         loop = asyncio.get_running_loop()
-        state = self._state
+        state = self._life.state
         if state is not SchedulerState.OPENED:
             if state is SchedulerState.UNOPENED:
                 self._start(loop)
             else:
-                raise self._refusal()
-        elif loop is not self._loop:
+                raise self._life.refusal()
+        elif loop is not self._dispatch.loop:
             self._check_loop(loop)
         if timeout is None:
             timeout = self._policy.timeout
         elif not timeout > 0:
             raise ValueError(f"timeout={timeout!r} must be > 0 seconds (or None)")
-        if max_retries is None:
-            max_retries = self._policy.max_retries
+        if max_retries is None:  # the one precedence rule: the call's budget, else the policy's
+            max_retries = self._policy.retry.max_retries
         prefix = prefix_key(request) if self._warming else None
         if sibling is not None and request.route_key is None:
             request = replace(request, route_key=sibling_route_key(sibling.sibling_id))
@@ -470,13 +439,13 @@ class Scheduler(RequestAttempts, DispatchLoop):
                 request, priority=engine_priority(self._policy.priority, item, self._core.attained)
             )
         if not _tracing.ENABLED or not _tracing.recording():
-            return await self._run_item(
+            return await self._attempts.run_item(
                 loop, item, request, timeout, max_retries, on_chunk, sibling, check
             )
         t0 = time.monotonic()
         with _tracing.call_span(self.name, self._provider, request, sibling) as span:
             try:
-                resp = await self._run_item(
+                resp = await self._attempts.run_item(
                     loop, item, request, timeout, max_retries, on_chunk, sibling, check
                 )
             except BaseException as exc:

@@ -47,11 +47,15 @@ from langgraph.prebuilt.tool_node import (
 
 from langgraph_batch.tools._hooks import Execute, ToolResult, coalesced_call, in_tool_call
 from langgraph_batch.tools._policy import CoalescePolicy, coalesce, coalesce_policy
+from langgraph_batch.tools._policy import forget_run as forget_run
+from langgraph_batch.tools._singleflight import set_flight_store as set_flight_store
 from langgraph_batch.tools._stats import ToolStats, reset_tool_stats, tool_stats
 
 if TYPE_CHECKING:
     from langgraph_batch.tools._middleware import BatchMiddleware
 
+# Also importable from here, for the library's other packages (fan_out, the distributed worker),
+# and not part of `__all__` (no user API): forget_run, set_flight_store.
 __all__ = (
     "BatchMiddleware",
     "BatchToolNode",

@@ -59,7 +59,7 @@ from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.emulator import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.scenarios import ScenarioOptions, plan_chat
 from langgraph_batch.nodes import SiblingError, fan_out
-from langgraph_batch.scheduler import BatchPolicy
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
 from langgraph_batch.tools import BatchToolNode, coalesce
 from tests.chaos.conftest import KillableEmulator
 
@@ -262,8 +262,7 @@ def build(url: str) -> tuple[Any, ChaosModel]:
             inflight_limit=64,
             inflight_cap=64,
             initial_inflight=64,
-            backoff_base_s=0.05,
-            backoff_max_s=1.5,
+            retry=RetryPolicy(initial_interval=0.05, max_interval=1.5),
         ),
         extra_body={"emulator": {"output_tokens": OUTPUT_TOKENS}},
     )

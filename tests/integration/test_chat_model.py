@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import BackendServerError, MalformedToolCallError, ModelNotFoundError
-from langgraph_batch.scheduler import BatchPolicy
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
 
 MODEL = "emulated-llama-3-8b"
 
@@ -105,7 +105,7 @@ async def test_structured_output_json_schema(emulator_url: str) -> None:
 
 
 async def test_malformed_tool_arguments_raise_after_retries(emulator_url: str) -> None:
-    fast = BatchPolicy(backoff_base_s=0.001, backoff_max_s=0.001)
+    fast = BatchPolicy(retry=RetryPolicy(initial_interval=0.001, max_interval=0.001))
     emulator = {"turns": 2, "fault": "bad_tool_args"}
     for streaming in (False, True):
         llm = make(emulator_url, emulator=emulator, policy=fast, max_retries=2, streaming=streaming)
@@ -134,7 +134,7 @@ async def test_a_storm_of_malformed_calls_is_retried_never_passed_off_as_valid(
     llm = make(
         url,
         emulator={"turns": 2},
-        policy=BatchPolicy(backoff_base_s=0.001, backoff_max_s=0.001),
+        policy=BatchPolicy(retry=RetryPolicy(initial_interval=0.001, max_interval=0.001)),
         max_retries=4,
     ).bind_tools([lookup])
     cities = [f"City{i}" for i in range(40)]

@@ -25,7 +25,13 @@ from langgraph.graph import START, StateGraph
 from pydantic import BaseModel
 from typing_extensions import TypedDict
 
-from langgraph_batch import BatchedChatModel, BatchMiddleware, BatchPolicy, fan_out
+from langgraph_batch import (
+    BatchedChatModel,
+    BatchMiddleware,
+    BatchPolicy,
+    RetryPolicy,
+    fan_out,
+)
 from langgraph_batch._loop import background_loop
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.tools import coalesce
@@ -138,7 +144,7 @@ async def test_fan_out_of_agents_with_injected_429s(
         model=MODEL,
         backend=backend,
         max_retries=10,
-        policy=BatchPolicy(inflight_limit=8, backoff_base_s=0.01),
+        policy=BatchPolicy(inflight_limit=8, retry=RetryPolicy(initial_interval=0.01)),
     )
     executions: Counter[str] = Counter()
 

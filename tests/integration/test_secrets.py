@@ -23,7 +23,7 @@ from langgraph_batch.errors import (
     BackendConnectionError,
     MalformedToolCallError,
 )
-from langgraph_batch.scheduler import BatchPolicy
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
 from tests.faultproxy import FaultProxy, Seen
 
 MODEL = "emulated-llama-3-8b"
@@ -72,7 +72,7 @@ async def test_secrets_stay_out_of_logs_reprs_and_errors(
             default_headers={"X-Api-Key": HEADER},
             max_tokens=16,
             extra_body={"emulator": {"output_tokens": 6}},
-            policy=BatchPolicy(backoff_base_s=0.001, backoff_max_s=0.001),
+            policy=BatchPolicy(retry=RetryPolicy(initial_interval=0.001, max_interval=0.001)),
             max_retries=1,
         )
         texts: list[str] = [str(llm), repr(llm), llm.model_dump_json(), str(llm.model_dump())]

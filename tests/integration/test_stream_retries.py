@@ -22,11 +22,11 @@ from langgraph_batch.errors import (
     BackendStreamError,
     StreamChunkTimeoutError,
 )
-from langgraph_batch.scheduler import BatchPolicy
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
 from tests.faultproxy import FaultProxy, Seen
 
 MODEL = "emulated-llama-3-8b"
-FAST = BatchPolicy(backoff_base_s=0.001, backoff_max_s=0.001)
+FAST = BatchPolicy(retry=RetryPolicy(initial_interval=0.001, max_interval=0.001))
 
 
 class Script:

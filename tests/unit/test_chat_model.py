@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from typing import Any
 
@@ -461,6 +462,34 @@ async def test_closing_the_stream_early_cancels_the_call() -> None:
         await asyncio.sleep(0)
     assert backend.cancelled == 1
     assert backend.inflight == 0
+
+
+async def test_a_consumer_that_leaves_as_the_call_fails_leaves_no_unread_error() -> None:
+    # Seen in the chaos suite: a sibling cancelled between two chunks while its call
+    # failed left the call's task with an error nobody read ("Task exception was
+    # never retrieved", which the test runner raises).
+    error = BackendBadRequestError("bad", status_code=400)
+    backend = FakeBackend(lambda r: Reply(content="a b c", error=error))
+    llm, _ = make(backend)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        stream = llm._stream_chunks([HumanMessage("q")], None, {})
+        await anext(stream)
+        for _ in range(100):  # the call goes on and fails meanwhile
+            await asyncio.sleep(0)
+            if not backend.inflight:
+                break
+        await asyncio.sleep(0)
+        await stream.aclose()  # type: ignore[attr-defined]
+        del stream
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert [c["message"] for c in reported] == []
 
 
 # ----------------------------------------------------------------- concurrency

@@ -17,10 +17,10 @@ from langgraph_batch._convert import first_malformed_tool_call
 from langgraph_batch.backends.base import ChatRequest, ToolCall
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import MalformedToolCallError
-from langgraph_batch.scheduler import BatchPolicy
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
 from tests.unit._chat_fakes import FakeBackend, Reply
 
-FAST = BatchPolicy(backoff_base_s=0.001, backoff_max_s=0.001)
+FAST = BatchPolicy(retry=RetryPolicy(initial_interval=0.001, max_interval=0.001))
 
 
 @tool

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from langgraph_batch import _observe, metrics
 from langgraph_batch.errors import BackendBadRequestError, BackendServerError
-from langgraph_batch.scheduler import BatchPolicy, Scheduler
+from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
 from tests.unit.scheduler._fakes import GatedBackend, InstantBackend, request
 
 
@@ -81,7 +81,9 @@ async def test_retries_and_failures_by_error_type(registry: CollectorRegistry) -
     backend = GatedBackend(open_gate=True)
     backend.failures["retried"] = [BackendServerError("503")]
     backend.failures["refused"] = [BackendBadRequestError("400")]
-    policy = BatchPolicy(inflight_limit=2, backoff_base_s=0.0, backoff_max_s=0.0)
+    policy = BatchPolicy(
+        inflight_limit=2, retry=RetryPolicy(initial_interval=0.0, max_interval=0.0)
+    )
     async with Scheduler(backend, policy=policy) as s:
         await s.submit(request("retried"))
         with pytest.raises(BackendBadRequestError):

@@ -1,8 +1,11 @@
-"""The package's shape: no import cycles, modules of a readable size, the bench on top.
+"""The package's shape: no import cycles, no reaching into another package's privates,
+modules of a readable size, the bench on top.
 
 Read statically (`ast`): every `import` of a `langgraph_batch` module, at
-module level or inside a function (a lazy import still ties two modules
-together), except under `if TYPE_CHECKING:`.
+module level, inside a function (a lazy import still ties two modules
+together) or under `if TYPE_CHECKING:` (a circle the type checker sees is a
+circle: the two modules cannot be understood apart), and every module named
+by a string to `importlib.import_module` or `sys.modules`.
 """
 
 from __future__ import annotations
@@ -28,21 +31,26 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _named_module(node: ast.AST) -> str | None:
+    """The module a call names by string: `import_module("m")`, `sys.modules["m"]` / `.get("m")`."""
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        func = ast.unparse(node.func)
+        if func.endswith("import_module") or func == "sys.modules.get":
+            return str(node.args[0].value)
+    if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules":
+        key = node.slice
+        return str(key.value) if isinstance(key, ast.Constant) else None
+    return None
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for stmt in node.body
-        for inner in ast.walk(stmt)
-    }
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
+        if (named := _named_module(node)) is not None:
+            found.add(named)
+        elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
@@ -82,15 +90,82 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def _owner(module: str) -> str | None:
+    """The package a private module belongs to (`a.b._c.d` -> `a.b`); None: public."""
+    parts = module.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def _reaches_in(importer: str, imported: str) -> bool:
+    """`importer` uses a private module of a package it is not inside."""
+    owner = _owner(imported)
+    if owner is None or owner == "langgraph_batch":  # the top level's privates are everyone's
+        return False
+    return not (importer == owner or importer.startswith(owner + "."))
+
+
 def test_the_graph_reader_sees_imports() -> None:
     graph = _graph()
     assert "langgraph_batch.scheduler" in graph["langgraph_batch.chat_model"]
     assert "langgraph_batch.tools._middleware" in graph["langgraph_batch.tools"]  # lazy import
+    # Under `if TYPE_CHECKING:` (tools' __init__ names BatchMiddleware there too).
+    source = (PACKAGE / "tools" / "__init__.py").read_text()
+    assert "if TYPE_CHECKING:\n    from langgraph_batch.tools._middleware" in source
     assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+    tree = ast.parse('sys.modules.get("x.y")\nimportlib.import_module("x.z")\nsys.modules["x.w"]')
+    assert {_named_module(n) for n in ast.walk(tree)} - {None} == {"x.y", "x.z", "x.w"}
 
 
-def test_no_import_cycles() -> None:
+def test_no_import_cycles_of_any_kind() -> None:
+    # TYPE_CHECKING imports and lazy ones count: no circle at all.
     assert _cycles(_graph()) == []
+
+
+def test_packages_form_layers() -> None:
+    # Importing `pkg.mod` runs `pkg/__init__.py` first: between the top level's
+    # modules and subpackages (the units one `import` really loads), no circle
+    # either. The top-level package itself runs before everything and is left out.
+    def unit(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    layers: dict[str, set[str]] = {}
+    for importer, deps in _graph().items():
+        if importer == "langgraph_batch":
+            continue
+        layers.setdefault(unit(importer), set()).update(
+            unit(d) for d in deps if unit(d) not in (unit(importer), "langgraph_batch")
+        )
+    for deps in list(layers.values()):
+        for dep in deps:
+            layers.setdefault(dep, set())
+    assert _cycles(layers) == []
+    assert "langgraph_batch.scheduler" in layers["langgraph_batch.nodes"]
+    assert "langgraph_batch.nodes" not in layers["langgraph_batch.scheduler"]
+
+
+def test_the_private_rule_reads_packages() -> None:
+    assert _reaches_in("langgraph_batch.nodes._spec", "langgraph_batch.scheduler._capacity")
+    assert _reaches_in("langgraph_batch.bench.demo", "langgraph_batch.bench.contenders._common")
+    assert not _reaches_in("langgraph_batch.scheduler", "langgraph_batch.scheduler._runner")
+    assert not _reaches_in("langgraph_batch.scheduler._runner", "langgraph_batch.scheduler._item")
+    assert not _reaches_in("langgraph_batch.nodes.fan_out", "langgraph_batch._context")
+    assert not _reaches_in("langgraph_batch.nodes", "langgraph_batch.scheduler.registry")
+
+
+def test_no_module_reaches_into_another_packages_privates() -> None:
+    # A package's private modules (`pkg._x`, `pkg._x.y`) are imported from inside
+    # `pkg` only; other packages use what its public modules expose.
+    graph = _graph()
+    reaching = sorted(
+        f"{importer} -> {imported}"
+        for importer, deps in graph.items()
+        for imported in deps
+        if _reaches_in(importer, imported)
+    )
+    assert reaching == []
 
 
 def test_the_demo_and_the_bench_are_applications_on_top_of_the_library() -> None:

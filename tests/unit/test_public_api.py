@@ -25,6 +25,7 @@ EXPECTED_TOP_LEVEL = {
     "LangGraphBatchError",
     "MalformedToolCallError",
     "ModelNotFoundError",
+    "RetryPolicy",
     "Scheduler",
     "SchedulerClosedError",
     "SchedulerDeadError",
@@ -79,6 +80,7 @@ def test_subpackages_export_their_pieces() -> None:
     assert set(scheduler.__all__) == {
         "BatchPolicy",
         "KVLedger",
+        "RetryPolicy",
         "Scheduler",
         "SchedulerState",
         "SchedulerStats",

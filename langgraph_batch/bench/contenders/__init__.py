@@ -8,3 +8,27 @@ environment, without LangGraph (see `harness._STDLIB_RUNNER`).
 """
 
 from __future__ import annotations
+
+# What the harness, the live probes and the demo share with the contenders (the
+# contenders' own modules import `_common` and `_graph` directly).
+from langgraph_batch.bench.contenders._common import (
+    RECORDER,
+    RESULT_PREFIX,
+    WARMUP_KEY,
+    parse_metrics,
+    sum_stats,
+    warmup_job,
+)
+from langgraph_batch.bench.contenders._graph import bind, make_http_client, make_tools
+
+__all__ = (
+    "RECORDER",
+    "RESULT_PREFIX",
+    "WARMUP_KEY",
+    "bind",
+    "make_http_client",
+    "make_tools",
+    "parse_metrics",
+    "sum_stats",
+    "warmup_job",
+)

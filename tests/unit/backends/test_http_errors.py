@@ -1,4 +1,5 @@
-"""Status -> error mapping, Retry-After and context-length parsing (backends._http)."""
+"""Status -> error mapping (backends._errormap), Retry-After and context-length parsing
+(backends._errortext), client settings (backends._http)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,13 @@ import json
 import pytest
 from langchain_core.exceptions import ContextOverflowError, ModelRateLimitError
 
-from langgraph_batch.backends._http import (
-    error_from_response,
-    is_route_not_found,
-    make_request_id,
-    make_timeout,
+from langgraph_batch.backends._errormap import error_from_response, is_route_not_found
+from langgraph_batch.backends._errortext import (
     parse_context_length_message,
     parse_retry_after,
     summarize_body,
 )
+from langgraph_batch.backends._http import make_request_id, make_timeout
 from langgraph_batch.errors import (
     BackendAuthenticationError,
     BackendBadRequestError,

@@ -23,7 +23,13 @@ from langgraph.prebuilt import tools_condition
 from pydantic import BaseModel
 from typing_extensions import TypedDict
 
-from langgraph_batch import BatchedChatModel, BatchMiddleware, BatchPolicy, fan_out
+from langgraph_batch import (
+    BatchedChatModel,
+    BatchMiddleware,
+    BatchPolicy,
+    RetryPolicy,
+    fan_out,
+)
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.tools import BatchToolNode, coalesce
 from tests.unit.backends._lc_fakes import ProviderFake, rate_limit_error, reply
@@ -69,7 +75,9 @@ class Weather:
 
 
 def batched(agent: Agent, **kw: Any) -> BatchedChatModel:
-    kw.setdefault("policy", BatchPolicy(inflight_limit=4, backoff_base_s=0.005))
+    kw.setdefault(
+        "policy", BatchPolicy(inflight_limit=4, retry=RetryPolicy(initial_interval=0.005))
+    )
     return BatchedChatModel(
         model="label", backend=LangChainBackend(agent.model), max_retries=5, **kw
     )
@@ -166,7 +174,7 @@ async def test_out_of_retries_the_caller_gets_the_typed_error() -> None:
         model="label",
         backend=LangChainBackend(agent.model),
         max_retries=1,
-        policy=BatchPolicy(backoff_base_s=0.001),
+        policy=BatchPolicy(retry=RetryPolicy(initial_interval=0.001)),
     )
     with pytest.raises(BackendRateLimitError) as info:
         await llm.ainvoke("city=oslo")

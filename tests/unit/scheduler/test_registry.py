@@ -64,7 +64,7 @@ async def test_closed_or_dead_scheduler_is_replaced_and_owned_backend_closed() -
     assert b is not a
     assert b.state is SchedulerState.UNOPENED
     await b.submit(request("r"))
-    b._state = SchedulerState.DEAD  # as if its runner had died
+    b._life.state = SchedulerState.DEAD  # as if its runner had died
     c = scheduler_for(key="k", backend_factory=Closing)
     assert c is not b
     await b.aclose()

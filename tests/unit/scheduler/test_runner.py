@@ -21,7 +21,13 @@ from langgraph_batch.errors import (
     SchedulerDeadError,
     SchedulerError,
 )
-from langgraph_batch.scheduler import BatchPolicy, Scheduler, SchedulerState, SchedulerStats
+from langgraph_batch.scheduler import (
+    BatchPolicy,
+    RetryPolicy,
+    Scheduler,
+    SchedulerState,
+    SchedulerStats,
+)
 from tests.unit.scheduler._fakes import (
     BatchBackend,
     GatedBackend,
@@ -31,7 +37,7 @@ from tests.unit.scheduler._fakes import (
     response,
 )
 
-FAST = {"backoff_base_s": 0.001, "backoff_max_s": 0.002}
+FAST = {"retry": RetryPolicy(initial_interval=0.001, max_interval=0.002)}
 
 
 async def wait_for(cond: object, sched: Scheduler) -> None:
@@ -244,7 +250,7 @@ async def test_scheduler_is_bound_to_its_loop() -> None:
 async def test_retries_with_backoff_then_success() -> None:
     backend = GatedBackend(open_gate=True)
     backend.failures["r"] = [BackendServerError("500", status_code=500)] * 2
-    async with Scheduler(backend, policy=BatchPolicy(max_retries=2, **FAST)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(**FAST)) as s:
         assert (await s.submit(request("r"))).request_id == "r"
     assert backend.order == ["r", "r", "r"]
     st = s.stats()
@@ -255,7 +261,7 @@ async def test_out_of_retries_and_non_retryable_raise() -> None:
     backend = GatedBackend(open_gate=True)
     backend.failures["r"] = [BackendServerError("500", status_code=500)] * 5
     backend.failures["bad"] = [BackendBadRequestError("400", status_code=400)]
-    async with Scheduler(backend, policy=BatchPolicy(max_retries=2, **FAST)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(**FAST)) as s:
         with pytest.raises(BackendServerError):
             await s.submit(request("r"), max_retries=1)
         with pytest.raises(BackendBadRequestError):
@@ -330,7 +336,7 @@ async def test_a_final_failure_logs_a_warning_with_its_sibling(
 ) -> None:
     backend = GatedBackend(open_gate=True)
     backend.failures["f"] = [BackendServerError("boom", status_code=500)] * 3
-    async with Scheduler(backend, policy=BatchPolicy(**FAST, max_retries=2)) as s:
+    async with Scheduler(backend, policy=BatchPolicy(**FAST)) as s:
         with pytest.raises(BackendServerError):
             await s.submit(request("f"), sibling=SiblingInfo(group="g", index=3))
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
