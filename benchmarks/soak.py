@@ -100,9 +100,9 @@ async def soak(url: str, runs: int, n: int) -> list[dict[str, Any]]:
     baseline_tasks = len(asyncio.all_tasks())
     for r in range(runs):
         docs = [f"review doc {r}-{i} key=k{i % 50}" for i in range(n)]
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         out = await graph.ainvoke({"docs": docs}, {"recursion_limit": 100})
-        wall = time.monotonic() - t0
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
         failed = sum(isinstance(x, SiblingError) for x in out["reviews"])
         scheduler = llm.get_scheduler()
         ledger = await scheduler.kv_ledger()
@@ -113,6 +113,7 @@ async def soak(url: str, runs: int, n: int) -> list[dict[str, Any]]:
             {
                 "run": r,
                 "wall_s": round(wall, 2),
+                "client_cpu_s": round(cpu, 2),
                 "siblings": len(out["reviews"]),
                 "failed": failed,
                 "rss_mb": round(rss_mb(), 1),
