@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
-from langgraph_batch.scheduler import CONTEXT_TOKENS_PRIOR, KVLedger
+from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR, KV_HEADROOM
+from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.scheduler import KVLedger
 from langgraph_batch.scheduler.registry import find_scheduler, loop_schedulers, scheduler_created
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
@@ -21,8 +22,8 @@ __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
 logger = logging.getLogger("langgraph_batch.nodes.fan_out")
 
 DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
-"""Estimated KV working set of one sibling before any has finished (sizes `max_active`):
-the scheduler's `CONTEXT_TOKENS_PRIOR`."""
+"""Estimated KV tokens of one sibling's first call before any sibling has shown its own:
+the library's one prior, `_estimates.CONTEXT_TOKENS_PRIOR`."""
 
 
 _DISCOVER_TIMEOUT_S = 1.0
@@ -87,7 +88,7 @@ class FanOutSpec:
     max_active: int | None
     scheduler: Any
     sibling_tokens: int
-    kv_headroom: float = DEFAULT_KV_HEADROOM
+    kv_headroom: float = KV_HEADROOM
     executor: Any = None
     """Runs the siblings elsewhere (`fan_out(executor=...)`, a `SiblingExecutor`);
     None: in this process."""

@@ -69,8 +69,8 @@ from langgraph.types import Send
 from typing_extensions import TypedDict
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
+from langgraph_batch._estimates import KV_HEADROOM
 from langgraph_batch._loop import background_loop
-from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM
 from langgraph_batch.nodes._checks import validate_fan_out
 from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
 from langgraph_batch.nodes._results import ERR, OK, SiblingError, collect_results
@@ -139,7 +139,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
         scheduler: Any = None,
         name: str | None = None,
         sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
-        kv_headroom: float = DEFAULT_KV_HEADROOM,
+        kv_headroom: float = KV_HEADROOM,
         executor: SiblingExecutor | None = None,
     ) -> None:
         validate_fan_out(
@@ -419,7 +419,7 @@ def fan_out(
     scheduler: Any = None,
     name: str | None = None,
     sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
-    kv_headroom: float = DEFAULT_KV_HEADROOM,
+    kv_headroom: float = KV_HEADROOM,
     executor: SiblingExecutor | None = None,
 ) -> FanOutNode:
     """A node that runs `subgraph` once per item, concurrently, and collects the results.

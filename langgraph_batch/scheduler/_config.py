@@ -10,15 +10,12 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR
 from langgraph_batch._retry_policy import RetryPolicy
 
 __all__ = ("BatchPolicy", "PrefixWarming", "PriorityMode")
 
 PriorityMode = Literal["depth_first", "las", "fifo"]
-CONTEXT_TOKENS_PRIOR = 4096
-"""The one estimate of an agent's KV working set (tokens) before the server says
-more: what `BatchPolicy.kv_tokens_per_request` sizes the starting limit with and
-what fan_out's admission assumes per sibling until siblings finish."""
 _PRIORITY_MODES: tuple[str, ...] = ("depth_first", "las", "fifo")
 
 PrefixWarming = Literal["auto", "on", "off"]
@@ -86,9 +83,10 @@ class BatchPolicy:
     """Slots added per metrics sample that shows the server has no queue while
     we are limit-bound (after slow start)."""
     kv_tokens_per_request: int | None = CONTEXT_TOKENS_PRIOR
-    """With engine metrics: KV-cache tokens one request is expected to hold.
-    The first sample reporting `kv_capacity_tokens` raises the starting limit to
-    capacity / this (clamped to the hard cap) during slow start (None: off)."""
+    """With engine metrics: KV-cache tokens one request is expected to hold
+    (default: the library's one prior, `CONTEXT_TOKENS_PRIOR`, 4096). The first
+    sample reporting `kv_capacity_tokens` raises the starting limit to capacity /
+    this (clamped to the hard cap) during slow start (None: off)."""
     decrease_factor: float = 0.7
     """Multiplier applied on 429/503/preemption (0 < f < 1)."""
     adapt_cooldown_s: float = 1.0
