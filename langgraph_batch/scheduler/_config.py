@@ -96,7 +96,10 @@ class _AcceptsDeprecatedKeywords(type):
     @property
     def __signature__(cls) -> inspect.Signature:
         """The dataclass's `__init__` less `self`: what `inspect.signature(BatchPolicy)` shows."""
-        init = inspect.signature(cls.__dict__["__init__"])
+        # The generated `__init__` (a subclass's: the one it inherits).
+        init = inspect.signature(
+            next(c.__dict__["__init__"] for c in cls.__mro__ if "__init__" in c.__dict__)
+        )
         return init.replace(parameters=list(init.parameters.values())[1:])
 
 
