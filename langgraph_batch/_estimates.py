@@ -3,13 +3,12 @@
 Two kinds of estimate, each with its reason:
 
 - **Tokens of a text**, when no tokenizer answers: `typical_tokens` (about
-  `CHARS_PER_TOKEN` characters per token plus `MESSAGE_TOKENS` per chat
-  message) where the estimate should be neither high nor low
-  (`get_num_tokens`'s fallback, the split of a batched call's usage, a
-  recording's prompt sizes), and `generous_tokens` (`GENEROUS_BYTES_PER_TOKEN`,
-  `GENEROUS_MESSAGE_TOKENS`) where it guards a limit and over-estimating is
-  the safe side (the batch length pre-filter). Both round up: a non-empty text
-  is at least one token.
+  `CHARS_PER_TOKEN` characters per token) where the estimate should be
+  neither high nor low (`get_num_tokens`'s fallback, the split of a batched
+  call's usage, a recording's prompt sizes), and `generous_tokens`
+  (`GENEROUS_BYTES_PER_TOKEN`) where it guards a limit and over-estimating is
+  the safe side (the batch length pre-filter). Both add `TEMPLATE_TOKENS` per
+  chat message and round up: a non-empty text is at least one token.
 - **KV of an agent**, before the server has said more: `CONTEXT_TOKENS_PRIOR`
   is what one request (the scheduler's starting in-flight limit,
   `BatchPolicy.kv_tokens_per_request`) or one fan_out sibling (its first-call
@@ -39,9 +38,8 @@ __all__ = (
     "CHARS_PER_TOKEN",
     "CONTEXT_TOKENS_PRIOR",
     "GENEROUS_BYTES_PER_TOKEN",
-    "GENEROUS_MESSAGE_TOKENS",
     "KV_HEADROOM",
-    "MESSAGE_TOKENS",
+    "TEMPLATE_TOKENS",
     "generous_tokens",
     "kv_budget",
     "requests_fitting",
@@ -53,9 +51,13 @@ CHARS_PER_TOKEN = 4
 (Llama 3, Qwen 2.5, cl100k: about 4). Also UTF-8 bytes per token: the same for
 ASCII text. The typical ratio, for estimates that should be neither high nor low."""
 
-MESSAGE_TOKENS = 4
-"""Tokens a chat template adds around one message in the typical estimate (role
-markers and separators: ChatML's `<|im_start|>role\\n ... <|im_end|>\\n` is 4-5)."""
+TEMPLATE_TOKENS = 8
+"""Tokens a chat template adds per message, the call's own share included: role
+markers and separators around each message (5 in ChatML's `<|im_start|>role\\n
+... <|im_end|>\\n`, and in Llama 3's) plus the assistant header that opens the
+answer (3-4, once per call). Measured on the emulator's ChatML: 10 for a
+one-message chat, 17 for two, 22 for three, 41 for six. The same in both
+estimates: the template is the server's, counted exactly as it renders it."""
 
 GENEROUS_BYTES_PER_TOKEN = 3
 """UTF-8 bytes per token in the generous estimate: a third more tokens than the
@@ -64,10 +66,6 @@ which takes more tokens per character, is counted high too. For estimates that
 guard a limit, where over-estimating is safe: a batched prompt estimated too long
 is only sent alone (the server's tokenizer then decides), one estimated too short
 could fail a whole batched call."""
-
-GENEROUS_MESSAGE_TOKENS = 8
-"""Tokens a chat template adds around one message in the generous estimate (about
-twice the typical ones: templates with a header per message, e.g. Llama 3's, add more)."""
 
 CONTEXT_TOKENS_PRIOR = 4096
 """The KV working set of one agent (tokens) before the server says more: what
@@ -91,15 +89,15 @@ def typical_tokens(chars: int, *, messages: int = 0) -> int:
         messages: the chat messages it is split into (0: a plain prompt).
 
     Returns:
-        `ceil(chars / CHARS_PER_TOKEN) + MESSAGE_TOKENS * messages`.
+        `ceil(chars / CHARS_PER_TOKEN) + TEMPLATE_TOKENS * messages`.
 
     Example:
         ```python
         assert typical_tokens(10) == 3
-        assert typical_tokens(400, messages=2) == 108
+        assert typical_tokens(400, messages=2) == 116
         ```
     """
-    return -(-chars // CHARS_PER_TOKEN) + MESSAGE_TOKENS * messages
+    return -(-chars // CHARS_PER_TOKEN) + TEMPLATE_TOKENS * messages
 
 
 def generous_tokens(nbytes: int, *, messages: int = 0) -> int:
@@ -110,14 +108,14 @@ def generous_tokens(nbytes: int, *, messages: int = 0) -> int:
         messages: the chat messages it is split into (0: a plain prompt).
 
     Returns:
-        `ceil(nbytes / GENEROUS_BYTES_PER_TOKEN) + GENEROUS_MESSAGE_TOKENS * messages`.
+        `ceil(nbytes / GENEROUS_BYTES_PER_TOKEN) + TEMPLATE_TOKENS * messages`.
 
     Example:
         ```python
         assert generous_tokens(3000) == 1000
         ```
     """
-    return -(-nbytes // GENEROUS_BYTES_PER_TOKEN) + GENEROUS_MESSAGE_TOKENS * messages
+    return -(-nbytes // GENEROUS_BYTES_PER_TOKEN) + TEMPLATE_TOKENS * messages
 
 
 def requests_fitting(capacity_tokens: int, tokens_per_request: int) -> int:

@@ -8,7 +8,8 @@ so `trim_messages(token_counter=llm)` asks about each message once.
 
 A server without the route (a cloud API, an old engine) or one that cannot be
 reached gets the typical estimate (`_estimates.typical_tokens`: ~4 characters
-per token plus a few per message), with one WARNING per server and reason;
+per token plus 8 per message for the template), with one WARNING per server
+and reason;
 estimates are not cached (the server may come back).
 """
 
@@ -76,7 +77,7 @@ def _store(scope: str, model: str, payload: Mapping[str, Any], count: int) -> No
 
 
 def estimate(payload: Mapping[str, Any]) -> int:
-    """The typical estimate: ~4 characters per token, plus a few per message for the template."""
+    """The typical estimate: ~4 characters per token, plus 8 per message for the template."""
     if "prompt" in payload:
         return typical_tokens(len(str(payload["prompt"])))
     messages = payload.get("messages") or []

@@ -21,7 +21,7 @@ members of a call isolated from each other:
   stopped on `max_tokens` (`finish_reason="length"`) generated exactly
   `max_tokens` tokens; the rest of the prompt and completion totals is split
   in proportion to each member's prompt length (the typical estimate of
-  `_estimates`: 4 bytes per token plus 4 per chat message) and answer
+  `_estimates`: 4 bytes per token plus 8 per chat message) and answer
   length, with the largest-remainder rule so the shares add up exactly to
   the server's totals. Such usage has `estimated=True` (exact figures would
   need the prompt token ids or one `/tokenize` call per member, which costs

@@ -12,9 +12,8 @@ from langgraph_batch._estimates import (
     CHARS_PER_TOKEN,
     CONTEXT_TOKENS_PRIOR,
     GENEROUS_BYTES_PER_TOKEN,
-    GENEROUS_MESSAGE_TOKENS,
     KV_HEADROOM,
-    MESSAGE_TOKENS,
+    TEMPLATE_TOKENS,
     generous_tokens,
     kv_budget,
     requests_fitting,
@@ -30,11 +29,8 @@ PACKAGE = Path(_estimates.__file__).resolve().parent
 
 
 def test_the_values_and_their_order() -> None:
-    assert (CHARS_PER_TOKEN, MESSAGE_TOKENS) == (4, 4)
-    assert (GENEROUS_BYTES_PER_TOKEN, GENEROUS_MESSAGE_TOKENS) == (3, 8)
-    # The generous estimate is never below the typical one.
-    assert GENEROUS_BYTES_PER_TOKEN < CHARS_PER_TOKEN
-    assert GENEROUS_MESSAGE_TOKENS >= MESSAGE_TOKENS
+    assert (CHARS_PER_TOKEN, GENEROUS_BYTES_PER_TOKEN, TEMPLATE_TOKENS) == (4, 3, 8)
+    assert GENEROUS_BYTES_PER_TOKEN < CHARS_PER_TOKEN  # the generous one is never lower
     assert (CONTEXT_TOKENS_PRIOR, KV_HEADROOM) == (4096, 0.85)
 
 
@@ -42,7 +38,7 @@ def test_the_values_and_their_order() -> None:
 @pytest.mark.parametrize("messages", [0, 1, 5])
 def test_estimates_round_up_and_the_generous_one_is_never_lower(chars: int, messages: int) -> None:
     typical = typical_tokens(chars, messages=messages)
-    assert typical == -(-chars // 4) + 4 * messages
+    assert typical == -(-chars // 4) + 8 * messages
     assert generous_tokens(chars, messages=messages) == -(-chars // 3) + 8 * messages
     assert generous_tokens(chars, messages=messages) >= typical
     if chars:
@@ -53,6 +49,18 @@ def test_the_kv_sizing_rules() -> None:
     assert requests_fitting(440_000, CONTEXT_TOKENS_PRIOR) == 107
     assert kv_budget(440_000, KV_HEADROOM) == 374_000
     assert kv_budget(1, 0.5) == 1  # never an empty budget
+
+
+def test_the_template_allowance_is_the_emulators_chatml() -> None:
+    # The emulator renders the ChatML its models' servers do: what one, two
+    # and three messages add beyond their text is about 8 each.
+    from langgraph_batch.emulator.tokenizer import tokenize, tokenize_chat
+
+    text = "hello there friend"
+    for n in (1, 2, 3):
+        msgs = [{"role": ("user", "assistant")[i % 2], "content": text} for i in range(n)]
+        template = len(tokenize_chat(msgs)) - n * len(tokenize(text))
+        assert abs(template - TEMPLATE_TOKENS * n) <= 2 * n, (n, template)
 
 
 def test_every_token_estimator_reads_it() -> None:
@@ -89,7 +97,7 @@ def test_both_kv_sizing_models_start_from_the_one_prior() -> None:
 def test_no_other_module_defines_an_estimate_constant() -> None:
     # One owner: a module-level name for a token ratio, the context prior or the
     # KV headroom is defined in `_estimates` only (others import it or alias it).
-    markers = ("PER_TOKEN", "TOKENS_PRIOR", "HEADROOM", "MESSAGE_TOKENS", "TEMPLATE_TOKENS")
+    markers = ("PER_TOKEN", "TOKENS_PRIOR", "HEADROOM", "TEMPLATE_TOKENS", "MESSAGE_TOKENS")
     found = []
     for path in PACKAGE.rglob("*.py"):
         if path.name == "_estimates.py":
