@@ -92,10 +92,10 @@ def build(url: str) -> tuple[Any, Any, list[Any]]:
 async def soak(url: str, runs: int, n: int) -> list[dict[str, Any]]:
     from langgraph_batch.nodes import SiblingError
     from langgraph_batch.scheduler.registry import loop_schedulers
-    from langgraph_batch.tools import coalesce_policy
+    from langgraph_batch.tools import coalescing
 
     graph, llm, tools = build(url)
-    coalescers = [p.coalescer for t in tools if (p := coalesce_policy(t)) is not None]
+    coalescers = [live.coalescer for t in tools if (live := coalescing(t)) is not None]
     rows: list[dict[str, Any]] = []
     baseline_tasks = len(asyncio.all_tasks())
     for r in range(runs):

@@ -17,6 +17,10 @@ Which module owns which decision:
                               run through the scheduler; _tokens counts (TokenCounter)
     _retry_policy             RetryPolicy: every retry (the scheduler, the pool's
                               failover through Delivery, the waits on Redis)
+    _estimates                every size guessed before a server counts: tokens of
+                              a text (typical, generous), the KV prior per agent,
+                              the KV headroom; read by every estimator, the
+                              scheduler's starting limit and fan_out's bookings
     scheduler/_policy         what goes next: plan(pending, now), pure; composes
       _limit _decode_gate     the in-flight limit (slow start, AIMD); the decode cap
       _warming _priority      the prefix-warming gate; priority key functions
@@ -32,7 +36,8 @@ Which module owns which decision:
                               table, for every backend path (LangChainBackend too)
     backends/_batching, pool  batched prompts shared by vllm/sglang; replica routing
     tools/                    coalescing, single-flight, ToolNode hook, middleware
-    nodes/fan_out             the node; _admission the gate (program-level KV
+    nodes/fan_out             the node; _spec its options (FanOutSpec, frozen, checked
+                              once), _admission the gate (program-level KV
                               admission, pauses), _forecast what a run learns of its
                               contexts and tool waits, _run one run's state,
                               _results results in order, _remote siblings elsewhere

@@ -7,8 +7,10 @@ tokenizer and chat template: vLLM, SGLang and the emulator answer
 so `trim_messages(token_counter=llm)` asks about each message once.
 
 A server without the route (a cloud API, an old engine) or one that cannot be
-reached gets an estimate of ~4 characters per token, with one WARNING per
-server and reason; estimates are not cached (the server may come back).
+reached gets the typical estimate (`_estimates.typical_tokens`: ~4 characters
+per token plus 8 per message for the template), with one WARNING per server
+and reason;
+estimates are not cached (the server may come back).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 
 from langgraph_batch._convert import messages_to_openai
+from langgraph_batch._estimates import CHARS_PER_TOKEN, typical_tokens
 from langgraph_batch._loop import background_loop
 from langgraph_batch._structured import format_tools
 from langgraph_batch.backends.base import Backend
@@ -32,7 +35,6 @@ from langgraph_batch.errors import BackendError
 
 __all__ = (
     "CACHE_SIZE",
-    "CHARS_PER_TOKEN",
     "TokenCounter",
     "acount",
     "cached",
@@ -44,10 +46,6 @@ logger = logging.getLogger("langgraph_batch.chat_model")
 
 CACHE_SIZE = 4096
 """Counts kept (LRU): about 4096 distinct texts or conversations."""
-CHARS_PER_TOKEN = 4
-"""The estimate's ratio when the server cannot count (English text, BPE tokenizers)."""
-_MESSAGE_OVERHEAD = 4
-"""The estimate's tokens per message for the chat template's role markers."""
 
 _lock = threading.Lock()
 _counts: OrderedDict[str, int] = OrderedDict()
@@ -79,15 +77,15 @@ def _store(scope: str, model: str, payload: Mapping[str, Any], count: int) -> No
 
 
 def estimate(payload: Mapping[str, Any]) -> int:
-    """~4 characters per token, plus a few per message for the template."""
+    """The typical estimate: ~4 characters per token, plus 8 per message for the template."""
     if "prompt" in payload:
-        return -(-len(str(payload["prompt"])) // CHARS_PER_TOKEN)
+        return typical_tokens(len(str(payload["prompt"])))
     messages = payload.get("messages") or []
     text = json.dumps([m.get("content") for m in messages], default=str)
     tools = payload.get("tools")
     if tools:
         text += json.dumps(tools, default=str)
-    return -(-len(text) // CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD * len(messages)
+    return typical_tokens(len(text), messages=len(messages))
 
 
 def fallback(scope: str, payload: Mapping[str, Any], reason: str) -> int:

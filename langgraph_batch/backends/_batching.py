@@ -7,8 +7,9 @@ members of a call isolated from each other:
 
 - **A bad member fails only its caller.** A member whose estimated length
   does not fit the server's `max_model_len` (learned from `/v1/models`) is
-  sent alone. The estimate is only a pre-filter (it assumes 3 bytes per
-  token, the server's tokenizer decides): when a batched call still fails with
+  sent alone. The estimate is only a pre-filter (the generous estimate of
+  `_estimates`, 3 bytes per token: the server's tokenizer decides, and one
+  estimated too long is only sent alone): when a batched call still fails with
   a 4xx (`BackendBadRequestError`, e.g. `ContextLengthExceededError`), the
   batch is split and every member is sent on its own, so each gets its own
   answer or its own error. Other failures (5xx, 429, a dropped connection)
@@ -19,11 +20,12 @@ members of a call isolated from each other:
   over the call. `split_usage` gives each member its share: a member that
   stopped on `max_tokens` (`finish_reason="length"`) generated exactly
   `max_tokens` tokens; the rest of the prompt and completion totals is split
-  in proportion to each member's prompt length (4 bytes per token plus 8 per
-  chat message) and answer length, with the largest-remainder rule so the
-  shares add up exactly to the server's totals. Such usage has
-  `estimated=True` (exact figures would need the prompt token ids or one
-  `/tokenize` call per member, which costs more than the batching saves).
+  in proportion to each member's prompt length (the typical estimate of
+  `_estimates`: 4 bytes per token plus 8 per chat message) and answer
+  length, with the largest-remainder rule so the shares add up exactly to
+  the server's totals. Such usage has `estimated=True` (exact figures would
+  need the prompt token ids or one `/tokenize` call per member, which costs
+  more than the batching saves).
   `cached_tokens` is None: vLLM reports it for one prompt of the call only.
   A call of one member keeps the server's usage.
 """
@@ -35,6 +37,7 @@ import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+from langgraph_batch._estimates import CHARS_PER_TOKEN, generous_tokens, typical_tokens
 from langgraph_batch.backends.base import ChatRequest, ChatResponse, Usage
 from langgraph_batch.errors import BackendBadRequestError, BackendError, ModelNotFoundError
 
@@ -50,9 +53,6 @@ __all__ = (
 
 MAX_PROMPTS_PER_CALL = 1024
 """vLLM accepts at most 1024 prompts in one `/v1/completions` call."""
-
-BYTES_PER_TOKEN = 3
-"""The length pre-filter's estimate (generous: English is ~4 bytes per token)."""
 
 Outcome = ChatResponse | BackendError
 
@@ -90,17 +90,16 @@ async def gather_settled(coros: Sequence[Awaitable[Any]]) -> list[Any]:
     return list(results)
 
 
-_TEMPLATE_TOKENS = 8
-"""Tokens a chat template adds around each message (role markers, separators)."""
-
-
 def _text_size(request: ChatRequest) -> tuple[int, int]:
-    """(bytes of prompt text, messages): token ids count as 4 bytes each."""
+    """(bytes of prompt text, messages): a token id counts as `CHARS_PER_TOKEN` bytes.
+
+    So the typical estimate of a prompt of token ids is exactly its length.
+    """
     prompt = request.params.get("prompt")
     if isinstance(prompt, str):
         return len(prompt.encode()), 0
     if isinstance(prompt, list):
-        return 4 * len(prompt), 0
+        return CHARS_PER_TOKEN * len(prompt), 0
     total = 0
     for m in request.messages:
         content = m.get("content")
@@ -116,13 +115,13 @@ def estimated_tokens(request: ChatRequest) -> int:
     params = request.params
     max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 0
     size, messages = _text_size(request)
-    return size // BYTES_PER_TOKEN + _TEMPLATE_TOKENS * messages + int(max_tokens)
+    return generous_tokens(size, messages=messages) + int(max_tokens)
 
 
 def _usage_weight(request: ChatRequest) -> int:
-    """A typical token count (4 bytes per token), to split a call's prompt total by."""
+    """The typical token count, to split a call's prompt total by (at least 1)."""
     size, messages = _text_size(request)
-    return size // 4 + _TEMPLATE_TOKENS * messages + 1
+    return max(1, typical_tokens(size, messages=messages))
 
 
 def _largest_remainder(total: int, weights: Sequence[int]) -> list[int]:

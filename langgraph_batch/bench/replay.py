@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from langgraph_batch._estimates import typical_tokens
 from langgraph_batch.bench.toolservice import ToolServiceConfig, canonical_key, result_text_tokens
 from langgraph_batch.bench.workloads import sized
 from langgraph_batch.record import LLMCall, Recording
@@ -157,11 +158,11 @@ def plan(recording: Recording) -> ReplayPlan:
         turns: list[TurnPlan] = []
         for k, call in enumerate(calls):
             prompt = call.prompt_tokens
-            if prompt is None:  # no usage: about four characters per token
+            if prompt is None:  # no usage: the typical estimate of the new texts
                 unknown_usage += 1
-                prompt = (turns[-1].prompt_tokens if turns else 0) + sum(
-                    c for _, _, c in call.new
-                ) // 4
+                prompt = (turns[-1].prompt_tokens if turns else 0) + typical_tokens(
+                    sum(c for _, _, c in call.new)
+                )
             wait = 0.0
             if k + 1 < len(calls):
                 wait = waits.get((sid, call.turn), 0.0)

@@ -48,17 +48,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR, KV_HEADROOM
 from langgraph_batch.nodes._forecast import ContextForecast
-from langgraph_batch.scheduler import CONTEXT_TOKENS_PRIOR, KVLedger
+from langgraph_batch.scheduler import KVLedger
 
-__all__ = ("DEFAULT_KV_HEADROOM", "AdmissionStats", "SiblingAdmission")
+__all__ = ("AdmissionStats", "SiblingAdmission")
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_KV_HEADROOM = 0.85
-"""Share of the server's KV capacity the booked siblings may fill."""
-
-_DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
 
 _Waiter = tuple[str, "asyncio.Future[None]", SiblingInfo]
 
@@ -131,8 +127,8 @@ class SiblingAdmission:
         max_active: int | None = None,
         kv_capacity: int | None = None,
         kv_ledger: KVLedger | None = None,
-        kv_headroom: float = DEFAULT_KV_HEADROOM,
-        sibling_tokens: int = _DEFAULT_SIBLING_TOKENS,
+        kv_headroom: float = KV_HEADROOM,
+        sibling_tokens: int = CONTEXT_TOKENS_PRIOR,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_active is not None and (isinstance(max_active, bool) or max_active < 1):

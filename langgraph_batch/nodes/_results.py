@@ -104,7 +104,7 @@ def collect_results(spec: FanOutSpec, run: FanOutRun, out: Mapping[str, Any]) ->
     if errors and spec.on_error == "raise":
         first = errors[0]
         raise SiblingFailedError(
-            f"fan_out {spec.name!r}: {len(errors)} of {len(results)} siblings failed "
+            f"fan_out {spec.node_name!r}: {len(errors)} of {len(results)} siblings failed "
             f"(first: sibling {first.index}: {first.error_type}: {first.message}); "
             f"use on_error='collect' to get SiblingError results instead",
             errors=errors,
@@ -122,7 +122,7 @@ def _in_order(spec: FanOutSpec, run: FanOutRun, records: Sequence[Sequence[Any]]
     if missing:
         # Cannot happen unless the checkpoint was edited: say so clearly.
         raise RuntimeError(
-            f"fan_out {spec.name!r}: no result for siblings {missing[:10]} "
+            f"fan_out {spec.node_name!r}: no result for siblings {missing[:10]} "
             f"(of {run.total}); the inner checkpoint is inconsistent"
         )
     return [by_index[i] for i in range(run.total)]

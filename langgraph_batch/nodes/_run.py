@@ -256,8 +256,8 @@ async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanO
     scheduler = None if remote else spec.resolve_scheduler()
     admission = SiblingAdmission() if remote else await spec.make_admission(scheduler)
     label = spec.name
-    if not spec.named:
-        label = str((config.get("metadata") or {}).get("langgraph_node") or label)
+    if label is None:  # unnamed: progress events use the graph's name for the node
+        label = str((config.get("metadata") or {}).get("langgraph_node") or spec.node_name)
     run = FanOutRun(
         node=label,
         group=group_id(config),

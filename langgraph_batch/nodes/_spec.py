@@ -1,7 +1,8 @@
 """The options of one `FanOutNode`, and what a run does with them before siblings start.
 
-Reading the items, finding the scheduler and the server's KV capacity, and
-building the admission gate.
+`FanOutSpec` names, types, defaults and checks every option once (a frozen
+value, like LangGraph's `CachePolicy`); its methods read the items, find the
+scheduler and the server's KV ledger, and build a run's admission gate.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM, SiblingAdmission
-from langgraph_batch.scheduler import CONTEXT_TOKENS_PRIOR, KVLedger
+from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR, KV_HEADROOM
+from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._remote import SiblingExecutor
+from langgraph_batch.scheduler import KVLedger
 from langgraph_batch.scheduler.registry import find_scheduler, loop_schedulers, scheduler_created
 
 __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
@@ -21,8 +24,8 @@ __all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
 logger = logging.getLogger("langgraph_batch.nodes.fan_out")
 
 DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
-"""Estimated KV working set of one sibling before any has finished (sizes `max_active`):
-the scheduler's `CONTEXT_TOKENS_PRIOR`."""
+"""Estimated KV tokens of one sibling's first call before any sibling has shown its own:
+the library's one prior, `_estimates.CONTEXT_TOKENS_PRIOR`."""
 
 
 _DISCOVER_TIMEOUT_S = 1.0
@@ -68,31 +71,96 @@ async def _discover_scheduler(admission: SiblingAdmission, run_done: asyncio.Eve
                 task.cancel()
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FanOutSpec:
-    """The options of one FanOutNode, and what the node functions do with them.
+    """The options of one fan_out node: named, typed, defaulted and checked here, once.
+
+    `fan_out()` builds one and hands it to `FanOutNode`, which builds it from
+    its keywords when given none. Frozen: a node's options never change once
+    it is built; what a run learns (its scheduler, the server's KV ledger, the
+    gate) lives in that run's `FanOutRun`. The arguments are documented in
+    `fan_out`.
 
     Deliberately not a Runnable: LangGraph searches node functions' closures
     for compiled graphs (xray), and a Runnable here would be searched first.
+
+    Raises:
+        TypeError: a `subgraph` without `ainvoke`, `items` that is neither a
+            key nor a callable, a `make_input`/`result` that is not callable,
+            a `scheduler` that is not a Scheduler or a name, an `executor`
+            without `run`.
+        ValueError: a bad `items` key, `into`, `on_error`, `max_active`,
+            `scheduler` name, `name`, `sibling_tokens` or `kv_headroom`.
     """
 
-    name: str
-    named: bool
-    """Whether `name` was given (else progress events use the graph's node name)."""
+    subgraph: Any
+    """The graph (or Runnable with `ainvoke`) each sibling runs."""
     items: str | Callable[[Any], Sequence[Any]]
+    """The state key holding the items, or `callable(state) -> sequence`."""
     into: str
-    make_input: Callable[[Any, int], Any] | None
-    result: Callable[[Any], Any] | None
-    on_error: Literal["collect", "raise"]
-    max_active: int | None
-    scheduler: Any
-    sibling_tokens: int
-    kv_headroom: float = DEFAULT_KV_HEADROOM
-    executor: Any = None
-    """Runs the siblings elsewhere (`fan_out(executor=...)`, a `SiblingExecutor`);
-    None: in this process."""
-    subgraph: Any = None
-    """The sibling graph, handed to `executor` (None in-process: the inner graph has it)."""
+    """The state key that receives the results, in input order."""
+    make_input: Callable[[Any, int], Any] | None = None
+    """`(item, index) -> sibling input` (None: the item, a mapping)."""
+    result: Callable[[Any], Any] | None = None
+    """`final sibling state -> value` to collect (None: the final state)."""
+    on_error: Literal["collect", "raise"] = "collect"
+    """A failed sibling's `SiblingError` takes its place, or `SiblingFailedError` at the end."""
+    max_active: int | None = None
+    """Most siblings active at once (None: no cap)."""
+    scheduler: Any = None
+    """The siblings' `Scheduler`, or its registry name (None: found when they create it)."""
+    name: str | None = None
+    """The node's name as given (None: `fan_out[<subgraph name>]`, see `node_name`)."""
+    sibling_tokens: int = DEFAULT_SIBLING_TOKENS
+    """The prior for one sibling's first-call KV tokens (`_estimates.CONTEXT_TOKENS_PRIOR`)."""
+    kv_headroom: float = KV_HEADROOM
+    """Share of the server's KV capacity resident siblings may fill (`_estimates.KV_HEADROOM`)."""
+    executor: SiblingExecutor | None = None
+    """Runs the siblings elsewhere (a `SiblingExecutor`); None: in this process."""
+
+    def __post_init__(self) -> None:
+        if not callable(getattr(self.subgraph, "ainvoke", None)):
+            got = type(self.subgraph)
+            raise TypeError(f"fan_out needs a compiled graph or Runnable with ainvoke, got {got!r}")
+        items = self.items
+        if isinstance(items, str):
+            if not items:
+                raise ValueError("items must be a non-empty state key or a callable(state), got ''")
+        elif not callable(items):
+            raise TypeError(f"items must be a state key or a callable(state), got {items!r}")
+        if not isinstance(self.into, str) or not self.into:
+            raise ValueError(f"into must be a non-empty state key, got {self.into!r}")
+        for label, fn in (("make_input", self.make_input), ("result", self.result)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{label} must be a callable or None, got {fn!r}")
+        if self.on_error not in ("collect", "raise"):
+            raise ValueError(f"on_error must be 'collect' or 'raise', got {self.on_error!r}")
+        if self.max_active is not None and not _positive_int(self.max_active):
+            raise ValueError(f"max_active must be a positive int or None, got {self.max_active!r}")
+        _check_scheduler(self.scheduler)
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ValueError(f"name must be a non-empty string or None, got {self.name!r}")
+        if not _positive_int(self.sibling_tokens):
+            raise ValueError(f"sibling_tokens must be a positive int, got {self.sibling_tokens!r}")
+        headroom = self.kv_headroom
+        if (
+            isinstance(headroom, bool)
+            or not isinstance(headroom, int | float)
+            or not 0.0 < headroom <= 1.0
+        ):
+            raise ValueError(f"kv_headroom must be a number in (0, 1], got {headroom!r}")
+        if self.executor is not None and not callable(getattr(self.executor, "run", None)):
+            raise TypeError(
+                f"executor must follow the SiblingExecutor protocol (a run() method), "
+                f"got {type(self.executor).__name__}"
+            )
+
+    @property
+    def node_name(self) -> str:
+        """The node's name: `name`, else `fan_out[<subgraph name>]`."""
+        if self.name is not None:
+            return self.name
+        return f"fan_out[{getattr(self.subgraph, 'name', None) or 'subgraph'}]"
 
     def resolve_items(self, state: Any) -> list[Any]:
         if callable(self.items):
@@ -102,18 +170,18 @@ class FanOutSpec:
                 seq = state[self.items]
             except (KeyError, TypeError):
                 raise KeyError(
-                    f"fan_out {self.name!r}: the state has no key {self.items!r} to read "
+                    f"fan_out {self.node_name!r}: the state has no key {self.items!r} to read "
                     f"items from; pass items= the right key or a callable(state)"
                 ) from None
         if isinstance(seq, Set):
             raise TypeError(
-                f"fan_out {self.name!r}: items is a {type(seq).__name__}, which has no input "
+                f"fan_out {self.node_name!r}: items is a {type(seq).__name__}, which has no input "
                 f"order, but results come back in input order; pass a list (for example "
                 f"sorted(...) of it)"
             )
         if isinstance(seq, str | bytes) or not isinstance(seq, Sequence):
             raise TypeError(
-                f"fan_out {self.name!r}: items must be a sequence (a list or tuple), "
+                f"fan_out {self.node_name!r}: items must be a sequence (a list or tuple), "
                 f"got {type(seq).__name__}"
             )
         items = list(seq)
@@ -121,7 +189,7 @@ class FanOutSpec:
             for i, item in enumerate(items):
                 if not isinstance(item, Mapping):
                     raise TypeError(
-                        f"fan_out {self.name!r}: item {i} is a {type(item).__name__}, not a "
+                        f"fan_out {self.node_name!r}: item {i} is a {type(item).__name__}, not a "
                         f"mapping; pass make_input=lambda item, index: {{...}} to build each "
                         f"sibling's input"
                     )
@@ -196,4 +264,26 @@ class FanOutSpec:
             kv_ledger=await self.resolve_kv_ledger(scheduler),
             kv_headroom=self.kv_headroom,
             sibling_tokens=self.sibling_tokens,
+        )
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_scheduler(scheduler: Any) -> None:
+    if scheduler is None:
+        return
+    if isinstance(scheduler, str):
+        if not scheduler:
+            raise ValueError("scheduler must be a Scheduler, a registry name or None, got ''")
+    elif not callable(getattr(scheduler, "stats", None)):
+        hint = (
+            "; pass model.get_scheduler() for a BatchedChatModel"
+            if callable(getattr(scheduler, "get_scheduler", None))
+            else ""
+        )
+        raise TypeError(
+            f"scheduler must be a Scheduler, a registry name or None, "
+            f"got {type(scheduler).__name__}{hint}"
         )

@@ -46,9 +46,10 @@ How it is built, and why:
   any sibling starts, and the inner graph then runs here with `invoke`: the
   sibling node has a sync twin that calls `subgraph.invoke` in its thread.
 
-Modules: `_checks` (argument validation), `_spec` (options, items, KV
-capacity and gate sizing), `_run` (a run's live state, how it opens and
-closes), `_admission` (the gate); this one builds the node and the siblings.
+Modules: `_spec` (`FanOutSpec`: every option named, typed, defaulted and
+checked once; items, KV capacity and gate sizing), `_run` (a run's live
+state, how it opens and closes), `_admission` (the gate); this one builds the
+node and the siblings.
 
 Records travel through the private `results` channel as plain lists and are
 collected in input order by `_results` (which also owns `SiblingError`).
@@ -69,9 +70,8 @@ from langgraph.types import Send
 from typing_extensions import TypedDict
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
+from langgraph_batch._estimates import KV_HEADROOM
 from langgraph_batch._loop import background_loop
-from langgraph_batch.nodes._admission import DEFAULT_KV_HEADROOM
-from langgraph_batch.nodes._checks import validate_fan_out
 from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
 from langgraph_batch.nodes._results import ERR, OK, SiblingError, collect_results
 from langgraph_batch.nodes._run import (
@@ -122,60 +122,36 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
     async-only nodes raises `SyncUnsupportedError` at the first call.
 
     Attributes:
+        spec: the node's options, a frozen `FanOutSpec` (what `fan_out` built).
         subgraph: the compiled graph each sibling runs.
         graph: the inner graph (dispatch via `Send`, one task per sibling).
     """
 
     def __init__(
-        self,
-        subgraph: Any,
-        *,
-        items: str | Callable[[Any], Sequence[Any]],
-        into: str,
-        make_input: Callable[[Any, int], Any] | None = None,
-        result: Callable[[Any], Any] | None = None,
-        on_error: Literal["collect", "raise"] = "collect",
-        max_active: int | None = None,
-        scheduler: Any = None,
-        name: str | None = None,
-        sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
-        kv_headroom: float = DEFAULT_KV_HEADROOM,
-        executor: SiblingExecutor | None = None,
+        self, subgraph: Any = None, *, spec: FanOutSpec | None = None, **options: Any
     ) -> None:
-        validate_fan_out(
-            subgraph=subgraph,
-            items=items,
-            into=into,
-            make_input=make_input,
-            result=result,
-            on_error=on_error,
-            max_active=max_active,
-            scheduler=scheduler,
-            name=name,
-            sibling_tokens=sibling_tokens,
-            kv_headroom=kv_headroom,
-            executor=executor,
-        )
-        node_name = name or f"fan_out[{getattr(subgraph, 'name', None) or 'subgraph'}]"
-        self.subgraph = subgraph
-        self.spec = FanOutSpec(
-            name=node_name,
-            named=name is not None,
-            items=items,
-            into=into,
-            make_input=make_input,
-            result=result,
-            on_error=on_error,
-            max_active=max_active,
-            scheduler=scheduler,
-            sibling_tokens=sibling_tokens,
-            kv_headroom=kv_headroom,
-            executor=executor,
-            subgraph=subgraph if executor is not None else None,
-        )
-        self.graph = _build_inner(self.spec, subgraph)
-        sync_runner, async_runner = _build_runner(self.spec, self.graph)
-        super().__init__(sync_runner, afunc=async_runner, name=node_name)
+        """Build the node from `subgraph` and `fan_out`'s options, or from a `spec`.
+
+        Args:
+            subgraph: the graph each sibling runs (see `fan_out`).
+            spec: the options already built and checked (what `fan_out` passes);
+                not with `subgraph` or other options.
+            **options: `fan_out`'s keyword options (`items`, `into`, ...), checked
+                as `fan_out` checks them.
+
+        Raises:
+            TypeError: both `spec` and options; else as `fan_out`.
+            ValueError: as `fan_out`.
+        """
+        if spec is None:
+            spec = FanOutSpec(subgraph=subgraph, **options)
+        elif subgraph is not None or options:
+            raise TypeError("FanOutNode takes a spec or a subgraph and its options, not both")
+        self.spec = spec
+        self.subgraph = spec.subgraph
+        self.graph = _build_inner(spec, spec.subgraph)
+        sync_runner, async_runner = _build_runner(spec, self.graph)
+        super().__init__(sync_runner, afunc=async_runner, name=spec.node_name)
 
     @property
     def into(self) -> str:
@@ -252,6 +228,7 @@ def _build_runner(
 
 async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) -> dict[str, Any]:
     """The siblings on `spec.executor` (see `_remote`): same records as the inner graph's."""
+    assert spec.executor is not None  # only called for a spec with an executor
     records = await run_remote(
         spec.executor,
         spec.subgraph,
@@ -332,7 +309,7 @@ def _build_inner(spec: FanOutSpec, subgraph: Any) -> Any:
         except TypeError as exc:
             if str(exc).startswith("No synchronous function provided"):
                 raise SyncUnsupportedError(
-                    f"fan_out {spec.name!r}: the graph runs synchronously (graph.invoke) with "
+                    f"fan_out {spec.node_name!r}: the graph runs synchronously (graph.invoke) with "
                     f"a checkpointer that has no async API, so siblings run with "
                     f"subgraph.invoke, but the sibling subgraph has async-only nodes ({exc}). "
                     f"Use the async API (await graph.ainvoke(...), with AsyncSqliteSaver "
@@ -419,7 +396,7 @@ def fan_out(
     scheduler: Any = None,
     name: str | None = None,
     sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
-    kv_headroom: float = DEFAULT_KV_HEADROOM,
+    kv_headroom: float = KV_HEADROOM,
     executor: SiblingExecutor | None = None,
 ) -> FanOutNode:
     """A node that runs `subgraph` once per item, concurrently, and collects the results.
@@ -501,16 +478,18 @@ def fan_out(
         ```
     """
     return FanOutNode(
-        subgraph,
-        items=items,
-        into=into,
-        make_input=make_input,
-        result=result,
-        on_error=on_error,
-        max_active=max_active,
-        scheduler=scheduler,
-        name=name,
-        sibling_tokens=sibling_tokens,
-        kv_headroom=kv_headroom,
-        executor=executor,
+        spec=FanOutSpec(
+            subgraph=subgraph,
+            items=items,
+            into=into,
+            make_input=make_input,
+            result=result,
+            on_error=on_error,
+            max_active=max_active,
+            scheduler=scheduler,
+            name=name,
+            sibling_tokens=sibling_tokens,
+            kv_headroom=kv_headroom,
+            executor=executor,
+        )
     )

@@ -27,7 +27,8 @@ One JSON object per line, each with a `type`:
   `output_tokens`, `makespan_s`) and `shared_prefix` (`messages`: leading
   messages every sibling's first call shares; `chars`; `tokens`: an estimate,
   the first calls' prompt tokens in proportion to those characters, never
-  below the most cached tokens a first call saw).
+  below the most cached tokens a first call saw; without usage, the typical
+  estimate of the characters).
 
 Digests are HMAC-SHA256 of the canonical JSON of a message (role, text, tool
 calls without their ids), keyed per recording (a random key unless one is
@@ -45,6 +46,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from langgraph_batch._estimates import typical_tokens
 
 __all__ = (
     "FORMAT",
@@ -243,7 +246,7 @@ def shared_prefix(firsts: Sequence[LLMCall]) -> dict[str, Any]:
         total = sum(c for _, _, c in call.new) + call.tools_chars
         if call.prompt_tokens and total:
             estimates.append(call.prompt_tokens * chars / total)
-    tokens = round(sorted(estimates)[len(estimates) // 2]) if estimates else round(chars / 4)
+    tokens = round(sorted(estimates)[len(estimates) // 2]) if estimates else typical_tokens(chars)
     cached = max((c.cached_tokens or 0 for c in firsts), default=0)
     floor = min((c.prompt_tokens or 0 for c in firsts), default=0)
     if m and cached > tokens:

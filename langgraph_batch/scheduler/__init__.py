@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from langgraph_batch._retry_policy import RetryPolicy
 from langgraph_batch.scheduler._capacity import KVLedger
-from langgraph_batch.scheduler._config import CONTEXT_TOKENS_PRIOR as CONTEXT_TOKENS_PRIOR
 from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._runner import Scheduler
 from langgraph_batch.scheduler._runner import live_schedulers as live_schedulers
@@ -28,8 +27,8 @@ from langgraph_batch.scheduler.registry import (
     get_scheduler as get_scheduler,  # deprecated: find_scheduler
 )
 
-# Also importable from here, for the library's other packages (fan_out's admission, metrics), and
-# not part of `__all__` (no user API): CONTEXT_TOKENS_PRIOR, live_schedulers.
+# Also importable from here, for the library's other packages (metrics), and not part of
+# `__all__` (no user API): live_schedulers.
 __all__ = (
     "BatchPolicy",
     "KVLedger",

@@ -16,6 +16,7 @@ import logging
 import weakref
 from typing import Protocol
 
+from langgraph_batch._estimates import kv_budget
 from langgraph_batch.backends.base import Backend, EngineMetrics
 
 __all__ = ("METRICS_TIMEOUT_S", "KVLedger", "LedgerMember", "read_kv_capacity")
@@ -126,7 +127,7 @@ class KVLedger:
 
     def budget(self, headroom: float) -> int:
         """The tokens residents may fill at `headroom` (a share of the capacity)."""
-        return max(1, int(self.capacity * headroom))
+        return kv_budget(self.capacity, headroom)
 
     def fits(self, tokens: int, *, headroom: float) -> bool:
         """Whether a newcomer of `tokens` fits beside everything resident now."""

@@ -10,23 +10,101 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from typing_extensions import deprecated
+
+from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR
 from langgraph_batch._retry_policy import RetryPolicy
 
 __all__ = ("BatchPolicy", "PrefixWarming", "PriorityMode")
 
 PriorityMode = Literal["depth_first", "las", "fifo"]
-CONTEXT_TOKENS_PRIOR = 4096
-"""The one estimate of an agent's KV working set (tokens) before the server says
-more: what `BatchPolicy.kv_tokens_per_request` sizes the starting limit with and
-what fan_out's admission assumes per sibling until siblings finish."""
 _PRIORITY_MODES: tuple[str, ...] = ("depth_first", "las", "fifo")
 
 PrefixWarming = Literal["auto", "on", "off"]
 _PREFIX_WARMING: tuple[str, ...] = ("auto", "on", "off")
 
 
+# Deprecated keywords (outside the dataclass's fields, so that `dataclasses.replace`
+# and `fields()` never see them) -> what they are now.
+_DEPRECATED = {
+    "max_inflight": "inflight_limit",
+    "max_retries": "retry=RetryPolicy(max_attempts=max_retries + 1)",
+    "backoff_base_s": "retry=RetryPolicy(initial_interval=...)",
+    "backoff_max_s": "retry=RetryPolicy(max_interval=...)",
+}
+_DEPRECATED_MAX_INFLIGHT = (
+    "BatchPolicy's max_inflight is deprecated: it is inflight_limit (BatchedChatModel's "
+    "max_inflight, the hard cap, keeps its name)"
+)
+_RETRY_FIELDS = {
+    "max_retries": "max_attempts",
+    "backoff_base_s": "initial_interval",
+    "backoff_max_s": "max_interval",
+}
+
+
+def _current_spelling(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with the deprecated keywords turned into today's (one DeprecationWarning each).
+
+    Warns at the caller of `BatchPolicy(...)` (this runs inside the metaclass's `__call__`).
+    """
+    if not fields.keys() & _DEPRECATED.keys():
+        return fields
+    fields = dict(fields)
+    if "max_inflight" in fields:
+        warnings.warn(_DEPRECATED_MAX_INFLIGHT, DeprecationWarning, stacklevel=3)
+        old = fields.pop("max_inflight")
+        if "inflight_limit" in fields:
+            raise TypeError("pass inflight_limit= only (max_inflight= is its deprecated name)")
+        fields["inflight_limit"] = old
+    old_retry = {name: fields.pop(name) for name in _RETRY_FIELDS if name in fields}
+    if old_retry:
+        warnings.warn(
+            f"BatchPolicy's {', '.join(old_retry)} deprecated: pass "
+            "retry=RetryPolicy(max_attempts=..., initial_interval=..., max_interval=...)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if "retry" in fields:
+            raise TypeError(f"pass retry= only ({', '.join(old_retry)}: its deprecated spelling)")
+        if "max_retries" in old_retry:
+            _check_int("max_retries", old_retry["max_retries"], 0)
+            old_retry["max_retries"] += 1
+        fields["retry"] = replace(
+            RetryPolicy(), **{_RETRY_FIELDS[k]: v for k, v in old_retry.items()}
+        )
+    return fields
+
+
+def _read_retry(old: str) -> str:
+    return f"BatchPolicy.{old} is deprecated: read BatchPolicy.retry ({_DEPRECATED[old]})"
+
+
+class _AcceptsDeprecatedKeywords(type):
+    """`BatchPolicy`'s metaclass: the deprecated keywords become today's fields.
+
+    `BatchPolicy(max_inflight=8)` warns and calls the dataclass with
+    `inflight_limit=8`, so the class keeps the `__init__`, `fields()`,
+    `dataclasses.replace`, equality, repr and pickling `@dataclass` gave it,
+    and documentation tools read its fields as a dataclass's. (A subclass
+    with its own `__init__(**fields)` would show that signature instead.)
+    """
+
+    def __call__(cls, *args: Any, **fields: Any) -> Any:
+        return super().__call__(*args, **_current_spelling(fields))
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The dataclass's `__init__` less `self`: what `inspect.signature(BatchPolicy)` shows."""
+        # The generated `__init__` (a subclass's: the one it inherits).
+        init = inspect.signature(
+            next(c.__dict__["__init__"] for c in cls.__mro__ if "__init__" in c.__dict__)
+        )
+        return init.replace(parameters=list(init.parameters.values())[1:])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BatchPolicy:
+class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
     """How a `Scheduler` queues, admits, batches and retries requests.
 
     Every field has a working default; the ones most worth tuning are
@@ -86,9 +164,10 @@ class BatchPolicy:
     """Slots added per metrics sample that shows the server has no queue while
     we are limit-bound (after slow start)."""
     kv_tokens_per_request: int | None = CONTEXT_TOKENS_PRIOR
-    """With engine metrics: KV-cache tokens one request is expected to hold.
-    The first sample reporting `kv_capacity_tokens` raises the starting limit to
-    capacity / this (clamped to the hard cap) during slow start (None: off)."""
+    """With engine metrics: KV-cache tokens one request is expected to hold
+    (default: the library's one prior, `CONTEXT_TOKENS_PRIOR`, 4096). The first
+    sample reporting `kv_capacity_tokens` raises the starting limit to capacity /
+    this (clamped to the hard cap) during slow start (None: off)."""
     decrease_factor: float = 0.7
     """Multiplier applied on 429/503/preemption (0 < f < 1)."""
     adapt_cooldown_s: float = 1.0
@@ -220,6 +299,30 @@ class BatchPolicy:
             return self.inflight_limit
         return self.inflight_cap if self.inflight_cap is not None else 4 * self.inflight_limit
 
+    @property
+    @deprecated(_DEPRECATED_MAX_INFLIGHT)
+    def max_inflight(self) -> int:
+        """Deprecated: `inflight_limit`."""
+        return self.inflight_limit
+
+    @property
+    @deprecated(_read_retry("max_retries"))
+    def max_retries(self) -> int:
+        """Deprecated: `retry.max_retries` (`retry=RetryPolicy(max_attempts=max_retries + 1)`)."""
+        return self.retry.max_retries
+
+    @property
+    @deprecated(_read_retry("backoff_base_s"))
+    def backoff_base_s(self) -> float:
+        """Deprecated: `retry.initial_interval`."""
+        return self.retry.initial_interval
+
+    @property
+    @deprecated(_read_retry("backoff_max_s"))
+    def backoff_max_s(self) -> float:
+        """Deprecated: `retry.max_interval`."""
+        return self.retry.max_interval
+
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> BatchPolicy:
         """Build a policy from JSON-only configuration (Studio, the SDK).
@@ -254,78 +357,6 @@ class BatchPolicy:
                 )
             config = {**config, "retry": RetryPolicy(**retry)}
         return cls(**config)
-
-
-# Deprecated keywords (outside the dataclass's fields, so that `dataclasses.replace`
-# and `fields()` never see them) -> what they are now.
-_DEPRECATED = {
-    "max_inflight": "inflight_limit",
-    "max_retries": "retry=RetryPolicy(max_attempts=max_retries + 1)",
-    "backoff_base_s": "retry=RetryPolicy(initial_interval=...)",
-    "backoff_max_s": "retry=RetryPolicy(max_interval=...)",
-}
-_DEPRECATED_MAX_INFLIGHT = (
-    "BatchPolicy's max_inflight is deprecated: it is inflight_limit (BatchedChatModel's "
-    "max_inflight, the hard cap, keeps its name)"
-)
-_RETRY_FIELDS = {
-    "max_retries": "max_attempts",
-    "backoff_base_s": "initial_interval",
-    "backoff_max_s": "max_interval",
-}
-_dataclass_init = BatchPolicy.__init__
-
-
-def _init_accepting_old_names(self: BatchPolicy, **fields: Any) -> None:
-    if "max_inflight" in fields:
-        warnings.warn(_DEPRECATED_MAX_INFLIGHT, DeprecationWarning, stacklevel=2)
-        old = fields.pop("max_inflight")
-        if "inflight_limit" in fields:
-            raise TypeError("pass inflight_limit= only (max_inflight= is its deprecated name)")
-        fields["inflight_limit"] = old
-    old_retry = {name: fields.pop(name) for name in _RETRY_FIELDS if name in fields}
-    if old_retry:
-        warnings.warn(
-            f"BatchPolicy's {', '.join(old_retry)} deprecated: pass "
-            "retry=RetryPolicy(max_attempts=..., initial_interval=..., max_interval=...)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        if "retry" in fields:
-            raise TypeError(f"pass retry= only ({', '.join(old_retry)}: its deprecated spelling)")
-        if "max_retries" in old_retry:
-            _check_int("max_retries", old_retry["max_retries"], 0)
-            old_retry["max_retries"] += 1
-        fields["retry"] = replace(
-            RetryPolicy(), **{_RETRY_FIELDS[k]: v for k, v in old_retry.items()}
-        )
-    _dataclass_init(self, **fields)
-
-
-def _max_inflight(self: BatchPolicy) -> int:
-    warnings.warn(_DEPRECATED_MAX_INFLIGHT, DeprecationWarning, stacklevel=2)
-    return self.inflight_limit
-
-
-def _retry_property(old: str, read: Any) -> property:
-    def get(self: BatchPolicy) -> Any:
-        warnings.warn(
-            f"BatchPolicy.{old} is deprecated: read BatchPolicy.retry ({_DEPRECATED[old]})",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return read(self.retry)
-
-    return property(get, doc=f"Deprecated: `retry` ({_DEPRECATED[old]}).")
-
-
-_init_accepting_old_names.__doc__ = _dataclass_init.__doc__
-_init_accepting_old_names.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
-BatchPolicy.__init__ = _init_accepting_old_names  # type: ignore[method-assign]
-BatchPolicy.max_inflight = property(_max_inflight, doc="Deprecated: `inflight_limit`.")  # type: ignore[attr-defined]
-BatchPolicy.max_retries = _retry_property("max_retries", lambda r: r.max_retries)  # type: ignore[attr-defined]
-BatchPolicy.backoff_base_s = _retry_property("backoff_base_s", lambda r: r.initial_interval)  # type: ignore[attr-defined]
-BatchPolicy.backoff_max_s = _retry_property("backoff_max_s", lambda r: r.max_interval)  # type: ignore[attr-defined]
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from langgraph_batch._estimates import requests_fitting
 from langgraph_batch.backends.base import EngineMetrics
 from langgraph_batch.scheduler._config import BatchPolicy
 
@@ -108,7 +109,9 @@ class InflightLimit:
             self._sized = True
             per_request = self.policy.kv_tokens_per_request
             if self.slow_start and per_request:
-                fits = min(self._cap, float(metrics.kv_capacity_tokens // per_request))
+                fits = min(
+                    self._cap, float(requests_fitting(metrics.kv_capacity_tokens, per_request))
+                )
                 if fits > self.exact:
                     self._set(fits)
         waiting = metrics.num_requests_waiting

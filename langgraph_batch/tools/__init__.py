@@ -22,10 +22,12 @@ which is how `fan_out` runs siblings). A synchronous `invoke` executes tools
 exactly as a plain `ToolNode` would.
 
 The subpackage, one concern per module: `_policy` (what is shared with
-whom: `coalesce`, the policy, run scopes), `_singleflight` (single flight and
-kept results; Redis plugs in through `set_flight_store`), `_hooks` (the hook
-both nodes compose), `_stats` (counters), `_middleware` (`BatchMiddleware`,
-needs `langchain`); this module is the public face. Imports only go from here
+whom: `coalesce`, the policy, a frozen value, and each `coalesce()` call's
+runtime, `ToolCoalescing`, which holds its coalescer; run scopes),
+`_singleflight` (single flight and kept results; Redis plugs in through
+`set_flight_store`), `_hooks` (the hook both nodes compose), `_stats`
+(counters), `_middleware` (`BatchMiddleware`, needs `langchain`); this
+module is the public face. Imports only go from here
 down to them, never back up (`tests/unit/test_module_graph.py`).
 """
 
@@ -47,6 +49,7 @@ from langgraph.prebuilt.tool_node import (
 
 from langgraph_batch.tools._hooks import Execute, ToolResult, coalesced_call, in_tool_call
 from langgraph_batch.tools._policy import CoalescePolicy, coalesce, coalesce_policy
+from langgraph_batch.tools._policy import coalescing as coalescing
 from langgraph_batch.tools._policy import forget_run as forget_run
 from langgraph_batch.tools._singleflight import set_flight_store as set_flight_store
 from langgraph_batch.tools._stats import ToolStats, reset_tool_stats, tool_stats
@@ -54,8 +57,9 @@ from langgraph_batch.tools._stats import ToolStats, reset_tool_stats, tool_stats
 if TYPE_CHECKING:
     from langgraph_batch.tools._middleware import BatchMiddleware
 
-# Also importable from here, for the library's other packages (fan_out, the distributed worker),
-# and not part of `__all__` (no user API): forget_run, set_flight_store.
+# Also importable from here, for the library's other packages (fan_out, the distributed worker)
+# and the soak benchmark, and not part of `__all__` (no user API): coalescing (a coalesced
+# tool's runtime: its coalescer), forget_run, set_flight_store.
 __all__ = (
     "BatchMiddleware",
     "BatchToolNode",

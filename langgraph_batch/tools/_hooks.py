@@ -20,7 +20,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from langgraph_batch import _tracing
 from langgraph_batch._context import current_sibling
-from langgraph_batch.tools._policy import ToolResult, coalesce_policy
+from langgraph_batch.tools._policy import ToolResult, coalescing
 from langgraph_batch.tools._stats import STATS
 
 __all__ = ("Execute", "ToolResult", "coalesced_call", "in_tool_call")
@@ -99,9 +99,10 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
             STATS.add(name, group, "errors")
         return result
 
-    policy = coalesce_policy(request.tool)
-    if policy is None:
+    live = coalescing(request.tool)
+    if live is None:
         return await run_own()
+    policy, coalescer = live.policy, live.coalescer
     scope = policy.scope_of_call()
     if scope is None:
         logger.debug("tool %s: called outside any run, call not coalesced", name)
@@ -123,11 +124,11 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
         with _tracing.tool_span(name, request.tool_call.get("id")) as span:
             result = await run_own()
             if span is not None and span.is_recording():
-                followers = policy.coalescer.waiting(key, scope=scope) - 1
+                followers = coalescer.waiting(key, scope=scope) - 1
                 span.set_attribute("lgb.coalesce.followers", max(0, followers))
             return result
 
-    result = await policy.coalescer.run(
+    result = await coalescer.run(
         key,
         run_traced if _tracing.ENABLED and _tracing.recording() else run_own,
         scope=scope,

@@ -1,6 +1,8 @@
 """What a coalesced tool shares, and with whom: `coalesce`, `CoalescePolicy`, run scopes.
 
-`coalesce(tool)` returns a copy of the tool that carries a `CoalescePolicy`.
+`coalesce(tool)` returns a copy of the tool that carries a `CoalescePolicy`
+(a frozen value: the options) and, behind it, a `ToolCoalescing` (the state
+at run time: the coalescer's in-flight executions, kept results and limits).
 The policy decides:
 
 - **which calls are identical**: the tool name, the arguments (canonical
@@ -13,9 +15,8 @@ The policy decides:
   invocations). Nothing crosses runs, threads or users unless the tool's
   author asks for it with `scope="global"`.
 
-The policy lives as long as the tool object (or a copy of it) does: the
-registry holds policies weakly, so building tools per request does not grow
-it.
+The runtime lives as long as the tool object (or a copy of it) does: the
+registry holds it weakly, so building tools per request does not grow it.
 """
 
 from __future__ import annotations
@@ -39,14 +40,16 @@ from langgraph.runtime import get_runtime
 from langgraph.types import Command
 
 from langgraph_batch._context import current_sibling
-from langgraph_batch.tools._singleflight import Coalescer
+from langgraph_batch.tools._singleflight import Coalescer, check_limits
 
 __all__ = (
     "METADATA_KEY",
     "CoalescePolicy",
     "Scope",
+    "ToolCoalescing",
     "coalesce",
     "coalesce_policy",
+    "coalescing",
     "forget_run",
     "run_scope",
 )
@@ -66,18 +69,21 @@ _SCOPES: tuple[str, ...] = ("run", "inflight", "global")
 _GLOBAL: Hashable = ("langgraph_batch.global",)
 """The one scope of `scope="global"` policies (a tuple: never equal to a run's scope)."""
 
-_POLICIES: weakref.WeakValueDictionary[str, CoalescePolicy] = weakref.WeakValueDictionary()
-"""Live policies by id. A policy lives while a tool object carrying it does."""
+_LIVE: weakref.WeakValueDictionary[str, ToolCoalescing] = weakref.WeakValueDictionary()
+"""The runtime of each `coalesce()` call, by its policy's id (in the tool's metadata).
+One lives while a tool object carrying it does."""
 
 _MISSING_WARNED: set[str] = set()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False, weakref_slot=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CoalescePolicy:
     """How calls of one coalesced tool are shared and limited (see `coalesce`).
 
-    Each policy owns its runtime state (in-flight executions, stored results,
-    the concurrency and rate limits), so two tools never share limits.
+    A frozen value: the options only. What runs (in-flight executions, stored
+    results, the concurrency and rate limits) is the `ToolCoalescing` each
+    `coalesce()` call makes, so two tools never share limits, even with equal
+    policies.
 
     Example:
         ```python
@@ -106,10 +112,6 @@ class CoalescePolicy:
     share_errors: bool = True
     """Give a failed shared execution's error to every caller waiting on it
     (False: each of them runs the tool itself)."""
-    coalescer: Coalescer[ToolResult] = field(init=False, repr=False)
-    """The runtime state behind this policy."""
-    holders: dict[int, weakref.ref[BaseTool]] = field(init=False, repr=False)
-    """The tool objects keeping this policy alive, by `id()`."""
 
     def __post_init__(self) -> None:
         if self.scope not in _SCOPES:
@@ -125,14 +127,7 @@ class CoalescePolicy:
                 f'scope="inflight" keeps no results, so ttl={self.ttl!r} has no effect; '
                 'use scope="run" (or "global") to reuse completed results'
             )
-        coalescer: Coalescer[ToolResult] = Coalescer(
-            ttl=self.ttl,
-            max_concurrency=self.max_concurrency,
-            rate_limit=self.rate_limit,
-            share_errors=self.share_errors,
-        )
-        object.__setattr__(self, "coalescer", coalescer)
-        object.__setattr__(self, "holders", {})
+        check_limits(ttl=self.ttl, max_concurrency=self.max_concurrency, rate_limit=self.rate_limit)
 
     @property
     def keeps_results(self) -> bool:
@@ -182,6 +177,33 @@ class CoalescePolicy:
         if self.scope == "global":
             return _GLOBAL
         return run_scope()
+
+
+@dataclass(slots=True, eq=False, weakref_slot=True)
+class ToolCoalescing:
+    """The runtime of one `coalesce()` call: its policy, its coalescer, who keeps it alive.
+
+    Made by `coalesce`, found from any copy of its tool with `coalescing(tool)`;
+    the hooks run calls through its `coalescer`.
+    """
+
+    policy: CoalescePolicy
+    """The options (frozen)."""
+    coalescer: Coalescer[ToolResult]
+    """In-flight executions, kept results, the concurrency and rate limits."""
+    holders: dict[int, weakref.ref[BaseTool]] = field(default_factory=dict)
+    """The tool objects keeping this runtime alive, by `id()`."""
+
+    @classmethod
+    def start(cls, policy: CoalescePolicy) -> ToolCoalescing:
+        """A fresh runtime for `policy`: nothing in flight, nothing kept."""
+        coalescer: Coalescer[ToolResult] = Coalescer(
+            ttl=policy.ttl,
+            max_concurrency=policy.max_concurrency,
+            rate_limit=policy.rate_limit,
+            share_errors=policy.share_errors,
+        )
+        return cls(policy=policy, coalescer=coalescer)
 
 
 def run_scope() -> Hashable | None:
@@ -416,8 +438,9 @@ def coalesce(
     }
     metadata = {**(base.metadata or {}), METADATA_KEY: summary}
     marked = base.model_copy(update={"metadata": metadata})
-    _POLICIES[policy_id] = policy
-    _hold(marked, policy)
+    live = ToolCoalescing.start(policy)
+    _LIVE[policy_id] = live
+    _hold(marked, live)
     return marked
 
 
@@ -425,27 +448,67 @@ def _name_of(fn: Callable[..., Any] | None) -> str | None:
     return None if fn is None else getattr(fn, "__qualname__", repr(fn))
 
 
-def _release(policy: CoalescePolicy) -> None:
-    """Finalizer of a tool object: drops its strong reference to `policy` (the argument)."""
+def _release(live: ToolCoalescing) -> None:
+    """Finalizer of a tool object: drops its strong reference to `live` (the argument)."""
 
 
-def _hold(tool: BaseTool, policy: CoalescePolicy) -> None:
-    """Keep `policy` alive exactly as long as `tool` (or another holder) is."""
+def _hold(tool: BaseTool, live: ToolCoalescing) -> None:
+    """Keep `live` alive exactly as long as `tool` (or another holder) is."""
     tool_id = id(tool)
-    ref = policy.holders.get(tool_id)
+    ref = live.holders.get(tool_id)
     if ref is not None and ref() is tool:
         return
-    # The callback reaches the policy weakly: no reference cycle through it.
-    policy_ref = weakref.ref(policy)
+    # The callback reaches the runtime weakly: no reference cycle through it.
+    live_ref = weakref.ref(live)
 
     def gone(_: weakref.ref[BaseTool]) -> None:
-        owner = policy_ref()
+        owner = live_ref()
         if owner is not None:
             owner.holders.pop(tool_id, None)
 
-    policy.holders[tool_id] = weakref.ref(tool, gone)
-    # The finalizer holds `policy` (its argument) until `tool` is collected.
-    weakref.finalize(tool, _release, policy)
+    live.holders[tool_id] = weakref.ref(tool, gone)
+    # The finalizer holds `live` (its argument) until `tool` is collected.
+    weakref.finalize(tool, _release, live)
+
+
+def coalescing(tool: BaseTool | None) -> ToolCoalescing | None:
+    """The runtime of a tool made by `coalesce` (None for an ordinary tool).
+
+    A copy of a coalesced tool (`model_copy`, `copy.deepcopy`) shares its
+    runtime and keeps it alive too, once it has been looked up here.
+
+    Args:
+        tool: Any tool (or None).
+
+    Returns:
+        Its `ToolCoalescing`, or None.
+
+    Example:
+        ```python
+        live = coalescing(coalesce(search))
+        assert live is not None and live.coalescer.inflight() == 0
+        ```
+    """
+    if tool is None or not tool.metadata:
+        return None
+    summary = tool.metadata.get(METADATA_KEY)
+    if not isinstance(summary, dict):
+        return None
+    policy_id = str(summary.get("id"))
+    live = _LIVE.get(policy_id)
+    if live is None:
+        if policy_id not in _MISSING_WARNED and len(_MISSING_WARNED) < 1024:
+            _MISSING_WARNED.add(policy_id)
+            logger.warning(
+                "tool %s is marked by coalesce() but its policy is gone (the tool object "
+                "coalesce() returned was garbage-collected and this copy was never used "
+                "while it lived); its calls run uncoalesced. Keep the tool coalesce() "
+                "returned, or call coalesce() again.",
+                tool.name,
+            )
+        return None
+    _hold(tool, live)
+    return live
 
 
 def coalesce_policy(tool: BaseTool | None) -> CoalescePolicy | None:
@@ -466,26 +529,8 @@ def coalesce_policy(tool: BaseTool | None) -> CoalescePolicy | None:
         assert coalesce_policy(search) is None
         ```
     """
-    if tool is None or not tool.metadata:
-        return None
-    summary = tool.metadata.get(METADATA_KEY)
-    if not isinstance(summary, dict):
-        return None
-    policy_id = str(summary.get("id"))
-    policy = _POLICIES.get(policy_id)
-    if policy is None:
-        if policy_id not in _MISSING_WARNED and len(_MISSING_WARNED) < 1024:
-            _MISSING_WARNED.add(policy_id)
-            logger.warning(
-                "tool %s is marked by coalesce() but its policy is gone (the tool object "
-                "coalesce() returned was garbage-collected and this copy was never used "
-                "while it lived); its calls run uncoalesced. Keep the tool coalesce() "
-                "returned, or call coalesce() again.",
-                tool.name,
-            )
-        return None
-    _hold(tool, policy)
-    return policy
+    live = coalescing(tool)
+    return None if live is None else live.policy
 
 
 def forget_run(run_id: str) -> None:
@@ -503,5 +548,5 @@ def forget_run(run_id: str) -> None:
         forget_run(sibling.run_id)
         ```
     """
-    for policy in list(_POLICIES.values()):
-        policy.coalescer.forget_scope(run_id)
+    for live in list(_LIVE.values()):
+        live.coalescer.forget_scope(run_id)

@@ -37,7 +37,14 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ("ANY_SCOPE", "Coalescer", "FlightStore", "RateLimiter", "set_flight_store")
+__all__ = (
+    "ANY_SCOPE",
+    "Coalescer",
+    "FlightStore",
+    "RateLimiter",
+    "check_limits",
+    "set_flight_store",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +57,22 @@ _MISS: Any = object()
 
 ANY_SCOPE: Any = object()
 """`Coalescer.waiting(key, scope=ANY_SCOPE)`: count the callers of every scope."""
+
+
+def check_limits(
+    *, ttl: float | None, max_concurrency: int | None, rate_limit: float | None
+) -> None:
+    """Refuse out-of-range limits (`Coalescer` and `CoalescePolicy` both check with this).
+
+    Raises:
+        ValueError: naming the limit and its value.
+    """
+    if ttl is not None and not ttl > 0:
+        raise ValueError(f"ttl must be > 0 seconds or None, got {ttl!r}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency!r}")
+    if rate_limit is not None and not rate_limit > 0:
+        raise ValueError(f"rate_limit must be > 0 calls per second or None, got {rate_limit!r}")
 
 
 class FlightStore(Protocol):
@@ -241,12 +264,7 @@ class Coalescer(Generic[T]):
         Raises:
             ValueError: If a limit is out of range.
         """
-        if ttl is not None and not ttl > 0:
-            raise ValueError(f"ttl must be > 0 seconds or None, got {ttl!r}")
-        if max_concurrency is not None and max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency!r}")
-        if rate_limit is not None and not rate_limit > 0:
-            raise ValueError(f"rate_limit must be > 0 calls per second or None, got {rate_limit!r}")
+        check_limits(ttl=ttl, max_concurrency=max_concurrency, rate_limit=rate_limit)
         if max_scopes < 1:
             raise ValueError(f"max_scopes must be >= 1, got {max_scopes!r}")
         self.ttl = ttl

@@ -19,6 +19,7 @@ from langgraph_batch.tools import (
     BatchToolNode,
     coalesce,
     coalesce_policy,
+    coalescing,
     tool_stats,
 )
 from tests.unit._tools_fakes import ScriptedToolModel, ask, react_graph, tool_messages
@@ -119,6 +120,8 @@ async def test_in_tool_siblings_free_their_admission_place() -> None:
 
     marked = coalesce(weather, scope="inflight")
     policy = coalesce_policy(marked)
+    live = coalescing(marked)
+    assert live is not None
     assert policy is not None
     key = policy.call_key("weather", {"city": "paris"})
     cities = ["paris"] * 4
@@ -126,10 +129,10 @@ async def test_in_tool_siblings_free_their_admission_place() -> None:
     run = asyncio.create_task(graph.ainvoke({"cities": cities}))
     try:
         for _ in range(2000):  # at most ~10 s; stuck here if places are not released
-            if policy.coalescer.waiting(key) == len(cities):
+            if live.coalescer.waiting(key) == len(cities):
                 break
             await asyncio.sleep(0.005)
-        assert policy.coalescer.waiting(key) == len(cities)
+        assert live.coalescer.waiting(key) == len(cities)
     except BaseException:
         run.cancel()
         raise

@@ -153,6 +153,41 @@ def test_deprecated_names_of_the_in_flight_limit_and_the_registry_lookup() -> No
         find_scheduler("no-such-scheduler")
 
 
+def test_batch_policy_is_the_dataclass_it_declares() -> None:
+    # The deprecated keywords go through the metaclass, not a patched __init__:
+    # what @dataclass generated is what runs, and what tools read.
+    import copy
+    import dataclasses
+    import inspect
+    import pickle
+
+    from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
+
+    init = BatchPolicy.__dict__["__init__"]
+    assert init.__qualname__ == "BatchPolicy.__init__"
+    assert not hasattr(init, "__signature__")  # nothing assigned over the generated one
+    params = inspect.signature(BatchPolicy).parameters
+    assert list(params) == [f.name for f in dataclasses.fields(BatchPolicy)]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    policy = BatchPolicy(inflight_limit=7, retry=RetryPolicy(max_attempts=5))
+    assert pickle.loads(pickle.dumps(policy)) == policy == copy.deepcopy(policy)
+    assert hash(policy) == hash(BatchPolicy(inflight_limit=7, retry=RetryPolicy(max_attempts=5)))
+    assert repr(policy).startswith("BatchPolicy(inflight_limit=7, min_inflight=1,")
+    assert dataclasses.replace(policy, priority="las").retry.max_attempts == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.inflight_limit = 8  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        BatchPolicy(7)  # type: ignore[misc]
+    # A deprecated keyword warns at the caller's line.
+    with pytest.warns(DeprecationWarning, match="initial_interval") as caught:
+        old = BatchPolicy(backoff_base_s=0.5)  # type: ignore[call-arg]
+    assert caught[0].filename == __file__
+    assert old.retry.initial_interval == 0.5
+    with pytest.warns(DeprecationWarning, match="max_interval") as caught:
+        assert old.backoff_max_s == 8.0
+    assert caught[0].filename == __file__
+
+
 EXPECTED_DISTRIBUTED = {
     "ACL_RULES",
     "DEFAULT_MAX_PAYLOAD_BYTES",

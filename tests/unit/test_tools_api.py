@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Annotated, Any
 
@@ -21,6 +22,7 @@ from langgraph_batch.tools import (
     ToolStats,
     coalesce,
     coalesce_policy,
+    coalescing,
     reset_tool_stats,
     tool_stats,
 )
@@ -75,10 +77,12 @@ def test_plain_function_and_existing_metadata() -> None:
     marked = coalesce(shout, ttl=5.0, max_concurrency=2, rate_limit=3.0, share_errors=False)
     assert marked.invoke({"text": "hi"}) == "HI"
     policy = coalesce_policy(marked)
+    live = coalescing(marked)
+    assert live is not None
     assert policy is not None
     assert (policy.scope, policy.ttl, policy.max_concurrency) == ("run", 5.0, 2)
     assert (policy.rate_limit, policy.share_errors) == (3.0, False)
-    assert policy.coalescer.ttl == 5.0
+    assert live.coalescer.ttl == 5.0
 
     tagged = double.model_copy(update={"metadata": {"owner": "me"}})
     assert coalesce(tagged).metadata is not None
@@ -86,11 +90,30 @@ def test_plain_function_and_existing_metadata() -> None:
 
 
 def test_each_tool_has_its_own_limits() -> None:
-    a = coalesce_policy(coalesce(double, max_concurrency=1))
-    b = coalesce_policy(coalesce(double, max_concurrency=1))
+    first, second = coalesce(double, max_concurrency=1), coalesce(double, max_concurrency=1)
+    a, b = coalescing(first), coalescing(second)
     assert a is not None
     assert b is not None
+    # Equal options (the policy is a value), each its own runtime.
+    assert a.policy == b.policy
     assert a.coalescer is not b.coalescer
+
+
+def test_the_policy_is_a_frozen_value_and_its_runtime_lives_apart() -> None:
+    policy = CoalescePolicy(ttl=5.0, max_concurrency=2)
+    assert policy == CoalescePolicy(ttl=5.0, max_concurrency=2)
+    assert hash(policy) == hash(CoalescePolicy(ttl=5.0, max_concurrency=2))
+    assert {f.name for f in dataclasses.fields(policy)} == {
+        "scope", "ttl", "key", "caller_key", "max_concurrency", "rate_limit", "share_errors"
+    }  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.ttl = 1.0  # type: ignore[misc]
+    marked = coalesce(double, ttl=5.0)
+    live = coalescing(marked)
+    assert live is not None
+    assert coalesce_policy(marked) is live.policy
+    assert (live.coalescer.ttl, live.coalescer.max_concurrency) == (5.0, None)
+    assert coalescing(double) is None
 
 
 @pytest.mark.parametrize("kind", ["state", "store", "runtime"])
@@ -138,6 +161,13 @@ def test_rejects_bad_options() -> None:
         coalesce(double, rate_limit=0)
     with pytest.raises(ValueError, match="key"):
         CoalescePolicy(key="x")  # type: ignore[arg-type]
+    # The policy checks its limits itself (no runtime is built with it).
+    with pytest.raises(ValueError, match="ttl must be > 0"):
+        CoalescePolicy(ttl=0)
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1"):
+        CoalescePolicy(max_concurrency=0)
+    with pytest.raises(ValueError, match="rate_limit must be > 0"):
+        CoalescePolicy(rate_limit=-1.0)
 
 
 def test_call_key_is_canonical_json_or_custom() -> None:
@@ -165,9 +195,11 @@ async def test_identical_calls_get_their_own_tool_call_ids() -> None:
         for i in range(5)
     ]
     policy = coalesce_policy(marked)
+    live = coalescing(marked)
+    assert live is not None
     assert policy is not None
     await until(
-        lambda: policy.coalescer.waiting(policy.call_key("double", {"x": 4}), scope=group) == 5
+        lambda: live.coalescer.waiting(policy.call_key("double", {"x": 4}), scope=group) == 5
     )
     gate.set()
     results = await asyncio.gather(*calls)
@@ -212,9 +244,11 @@ async def test_cancelled_leader_sibling_leaves_tool_and_followers_get_result() -
     await until(lambda: count["n"] == 1)
     followers = [asyncio.create_task(sibling(i)) for i in (1, 2)]
     policy = coalesce_policy(marked)
+    live = coalescing(marked)
+    assert live is not None
     assert policy is not None
     key = policy.call_key("double", {"x": 1})
-    await until(lambda: policy.coalescer.waiting(key, scope="api-cancel") == 3)
+    await until(lambda: live.coalescer.waiting(key, scope="api-cancel") == 3)
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await leader

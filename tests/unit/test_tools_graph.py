@@ -21,6 +21,7 @@ from langgraph_batch.tools import (
     BatchToolNode,
     coalesce,
     coalesce_policy,
+    coalescing,
     tool_stats,
 )
 from tests.unit._tools_fakes import (
@@ -117,6 +118,8 @@ async def test_inflight_scope_shares_only_overlapping_calls() -> None:
     w.release.clear()
     coalesced = coalesce(w.tool, scope="inflight")
     policy = coalesce_policy(coalesced)
+    live = coalescing(coalesced)
+    assert live is not None
     assert policy is not None
     graph = react_graph(BatchToolNode([coalesced]))
     key = policy.call_key("weather", {"city": "paris"})
@@ -124,10 +127,10 @@ async def test_inflight_scope_shares_only_overlapping_calls() -> None:
     n = 6
     run = asyncio.create_task(run_siblings(graph, [ask(("weather", {"city": "paris"}))] * n))
     for _ in range(10_000):  # event-coordinated: wait until all n callers wait on one execution
-        if policy.coalescer.waiting(key) == n:
+        if live.coalescer.waiting(key) == n:
             break
         await asyncio.sleep(0)
-    assert policy.coalescer.waiting(key) == n
+    assert live.coalescer.waiting(key) == n
     w.release.set()
     _, results, _ = await run
     for result in results:
@@ -154,6 +157,8 @@ async def test_tool_errors_shared_as_error_messages_with_handle_tool_errors() ->
     w.release.clear()
     coalesced = coalesce(w.tool)
     policy = coalesce_policy(coalesced)
+    live = coalescing(coalesced)
+    assert live is not None
     assert policy is not None
     graph = react_graph(BatchToolNode([coalesced], handle_tool_errors=True))
     n = 5
@@ -163,7 +168,7 @@ async def test_tool_errors_shared_as_error_messages_with_handle_tool_errors() ->
         run_siblings(graph, [ask(("weather", {"city": "atlantis"}))] * n, group=group)
     )
     for _ in range(10_000):
-        if policy.coalescer.waiting(key, scope=group) == n:
+        if live.coalescer.waiting(key, scope=group) == n:
             break
         await asyncio.sleep(0)
     w.release.set()
@@ -194,6 +199,8 @@ async def test_share_errors_false_each_caller_runs_the_failing_tool() -> None:
     w.release.clear()
     coalesced = coalesce(w.tool, share_errors=False)
     policy = coalesce_policy(coalesced)
+    live = coalescing(coalesced)
+    assert live is not None
     assert policy is not None
     graph = react_graph(BatchToolNode([coalesced], handle_tool_errors=True))
     key = policy.call_key("weather", {"city": "atlantis"})
@@ -201,7 +208,7 @@ async def test_share_errors_false_each_caller_runs_the_failing_tool() -> None:
         run_siblings(graph, [ask(("weather", {"city": "atlantis"}))] * 3, group="g-noshare")
     )
     for _ in range(10_000):
-        if policy.coalescer.waiting(key, scope="g-noshare") == 3:
+        if live.coalescer.waiting(key, scope="g-noshare") == 3:
             break
         await asyncio.sleep(0)
     w.release.set()
@@ -432,13 +439,15 @@ async def test_create_agent_middleware_errors_and_commands() -> None:
     for result in results:
         check_own_ids(result)
     policy = coalesce_policy(agent.nodes["tools"].bound.tools_by_name["explode"])
+    live = coalescing(agent.nodes["tools"].bound.tools_by_name["explode"])
+    assert live is not None
     assert policy is not None
     key = policy.call_key("explode", {"x": 1})
     run = asyncio.create_task(
         run_siblings(agent, [ask(("explode", {"x": 1}))] * 3, group="g-explode")
     )
     for _ in range(10_000):
-        if policy.coalescer.waiting(key, scope="g-explode") == 3:
+        if live.coalescer.waiting(key, scope="g-explode") == 3:
             break
         await asyncio.sleep(0)
     release.set()

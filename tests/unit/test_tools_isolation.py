@@ -282,7 +282,7 @@ def test_policy_registry_does_not_grow_with_discarded_tools() -> None:
 
     make_and_drop(50)  # warm up caches (pydantic, typing) outside the measurement
     gc.collect()
-    registered = len(policy_module._POLICIES)
+    registered = len(policy_module._LIVE)
     # Count only what is still allocated from inside make_and_drop (this file's
     # frames): threads left running by other tests allocate meanwhile too.
     tracemalloc.start(32)
@@ -294,7 +294,7 @@ def test_policy_registry_does_not_grow_with_discarded_tools() -> None:
         tracemalloc.stop()
     mine = snapshot.filter_traces([tracemalloc.Filter(True, __file__, all_frames=True)])
     kept = sum(stat.size for stat in mine.statistics("filename"))
-    assert len(policy_module._POLICIES) == registered
+    assert len(policy_module._LIVE) == registered
     # Was about 1.3 KB per call (650 KB here); now what remains is noise.
     assert kept < 32_000, f"{kept / 500:.0f} bytes per coalesce() call"
 

@@ -114,7 +114,8 @@ def test_split_usage_sums_to_the_servers_totals() -> None:
     answers = [("xxxxx", "length"), ("yy", "stop"), ("zzzzzz", "stop")]
     usages = split_usage(Usage(prompt_tokens=61, completion_tokens=17), reqs, answers)
     assert all(u is not None and u.estimated for u in usages)
-    assert [u.prompt_tokens for u in usages if u] == [11, 29, 21]  # weights 3:8:6
+    # Weights: the typical estimate (_estimates.typical_tokens), ceil(bytes / 4): 3:8:5.
+    assert [u.prompt_tokens for u in usages if u] == [11, 31, 19]
     # The one that stopped on max_tokens generated exactly 5; the other 12 are split
     # by answer length (2:6).
     assert [u.completion_tokens for u in usages if u] == [5, 3, 9]

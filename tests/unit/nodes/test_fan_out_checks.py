@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from langgraph_batch.nodes import SiblingError, fan_out
+from langgraph_batch.nodes import FanOutNode, SiblingError, fan_out
+from langgraph_batch.nodes._spec import FanOutSpec
 from tests.unit.nodes.fakes import number_graph
 from tests.unit.nodes.test_fan_out import parent_graph
 
@@ -16,6 +20,10 @@ from tests.unit.nodes.test_fan_out import parent_graph
 class NotAScheduler:
     def get_scheduler(self) -> object:
         return object()
+
+
+def _spec(subgraph: Any, **options: Any) -> FanOutSpec:
+    return FanOutSpec(subgraph=subgraph, **options)
 
 
 @pytest.mark.parametrize(
@@ -40,13 +48,45 @@ class NotAScheduler:
         ({"scheduler": NotAScheduler()}, TypeError, "get_scheduler()"),
     ],
 )
+@pytest.mark.parametrize("build", [fan_out, FanOutNode, _spec])
 def test_bad_arguments_fail_at_construction_naming_the_value(
-    kwargs: dict[str, Any], exc: type[Exception], names: str
+    kwargs: dict[str, Any], exc: type[Exception], names: str, build: Callable[..., Any]
 ) -> None:
+    # One check, wherever the options come in: the factory, the node's own
+    # keywords, the spec.
     args: dict[str, Any] = {"items": "xs", "into": "out", **kwargs}
     with pytest.raises(exc) as info:
-        fan_out(number_graph(), **args)
+        build(number_graph(), **args)
     assert names in str(info.value)
+
+
+def test_the_factory_and_the_node_build_one_frozen_spec() -> None:
+    graph = number_graph()
+    options: dict[str, Any] = {"items": "xs", "into": "out", "max_active": 3, "name": "n"}
+    built = fan_out(graph, **options)
+    assert isinstance(built.spec, FanOutSpec)
+    assert FanOutNode(graph, **options).spec == built.spec
+    assert FanOutNode(spec=built.spec).spec is built.spec
+    assert (built.name, built.spec.node_name, built.subgraph) == ("n", "n", graph)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.spec.max_active = 4  # type: ignore[misc]
+    # Defaults are the spec's: fan_out's signature shows the same ones.
+    defaults = {
+        name: param.default
+        for name, param in inspect.signature(fan_out).parameters.items()
+        if param.default is not inspect.Parameter.empty
+    }
+    fields = {f.name: f.default for f in dataclasses.fields(FanOutSpec)}
+    assert defaults == {name: fields[name] for name in defaults}
+    assert set(fields) == set(inspect.signature(fan_out).parameters)
+    unnamed = fan_out(graph, items="xs", into="out")
+    assert (unnamed.spec.name, unnamed.name) == (None, f"fan_out[{graph.name}]")
+    with pytest.raises(TypeError, match="not both"):
+        FanOutNode(graph, spec=built.spec)
+    with pytest.raises(TypeError, match="not both"):
+        FanOutNode(spec=built.spec, items="ys")
+    with pytest.raises(TypeError, match="into"):
+        FanOutNode(graph, items="xs")  # a required option missing
 
 
 @pytest.mark.parametrize("unordered", [{3, 1, 2}, frozenset({1, 2}), {1: "a"}.keys()])
