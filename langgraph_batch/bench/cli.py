@@ -207,16 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.time_scale is not None and args.time_scale <= 0:
         log("--time-scale must be > 0")
         return 2
-    target: ServerTarget | None = None
-    if args.server is not None or args.model is not None:
-        if args.time_scale is not None:
-            log("--time-scale applies to the emulator only, not to --server")
-            return 2
-        try:
-            target = ServerTarget.parse(args.server or "", args.model or "")
-        except ValueError as exc:
-            log(str(exc))
-            return 2
+    try:
+        target = _server_target(args)
+    except ValueError as exc:
+        log(str(exc))
+        return 2
     chosen: list[str] | None = None
     if args.contenders:
         chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -282,16 +277,11 @@ def _replay(args: argparse.Namespace) -> int:
             log(f"replay: unknown contender(s) {unknown}; choose from "
                 f"{', '.join(REPLAY_CONTENDERS)} or naive-bounded-<k>")  # fmt: skip
             return 2
-    target: ServerTarget | None = None
-    if args.server is not None or args.model is not None:
-        if args.time_scale is not None:
-            log("--time-scale applies to the emulator only, not to --server")
-            return 2
-        try:
-            target = ServerTarget.parse(args.server or "", args.model or "")
-        except ValueError as exc:
-            log(str(exc))
-            return 2
+    try:
+        target = _server_target(args)
+    except ValueError as exc:
+        log(str(exc))
+        return 2
     try:
         result = run_replay(
             args.replay,
@@ -308,6 +298,15 @@ def _replay(args: argparse.Namespace) -> int:
     sys.stdout.write(markdown(result))
     log(f"replay: wrote {', '.join(str(p) for p in paths.values())}")
     return 0
+
+
+def _server_target(args: argparse.Namespace) -> ServerTarget | None:
+    """The live server `--server`/`--model` name, or None for the emulator (ValueError: misuse)."""
+    if args.server is None and args.model is None:
+        return None
+    if args.time_scale is not None:
+        raise ValueError("--time-scale applies to the emulator only, not to --server")
+    return ServerTarget.parse(args.server or "", args.model or "")
 
 
 def _bounded(contender: str) -> bool:

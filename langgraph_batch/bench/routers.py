@@ -52,6 +52,7 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch._process import terminate
 from langgraph_batch.bench.toolservice import free_port
 
 ROUTERS: dict[str, tuple[str, ...]] = {
@@ -227,13 +228,7 @@ class RouterProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        terminate(proc)
 
     def __enter__(self) -> RouterProcess:
         self.start()

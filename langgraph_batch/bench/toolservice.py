@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch._process import terminate
 from langgraph_batch.bench._paths import child_env
 
 
@@ -293,12 +294,7 @@ def tool_service(config: ToolServiceConfig) -> Iterator[str]:
             time.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, grace_s=10.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from typing import Any, Self
 import httpx
 
 from langgraph_batch._extras import missing_extra
+from langgraph_batch._process import terminate
 from langgraph_batch.emulator.config import EmulatorConfig
 from langgraph_batch.emulator.engine import Engine
 from langgraph_batch.emulator.server import EmulatorServer
@@ -220,13 +221,7 @@ class EmulatorProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        terminate(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 
