@@ -5,6 +5,7 @@ The decision logic that applies it lives in `_policy.py` (`BatchPolicyCore`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from dataclasses import dataclass, field, replace
@@ -43,18 +44,22 @@ _RETRY_FIELDS = {
 }
 
 
-def _current_spelling(fields: dict[str, Any]) -> dict[str, Any]:
+def _current_spelling(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
     """`fields` with the deprecated keywords turned into today's (one DeprecationWarning each).
 
     Warns at the caller of `BatchPolicy(...)` (this runs inside the metaclass's `__call__`).
+    A deprecated keyword beside its replacement is a TypeError, unless every field
+    is given: `dataclasses.replace(policy, max_retries=5)` restates them all, and
+    the deprecated keyword is then the change asked for.
     """
     if not fields.keys() & _DEPRECATED.keys():
         return fields
+    restated = fields.keys() >= {f.name for f in dataclasses.fields(cls) if f.init}
     fields = dict(fields)
     if "max_inflight" in fields:
         warnings.warn(_DEPRECATED_MAX_INFLIGHT, DeprecationWarning, stacklevel=3)
         old = fields.pop("max_inflight")
-        if "inflight_limit" in fields:
+        if "inflight_limit" in fields and not restated:
             raise TypeError("pass inflight_limit= only (max_inflight= is its deprecated name)")
         fields["inflight_limit"] = old
     old_retry = {name: fields.pop(name) for name in _RETRY_FIELDS if name in fields}
@@ -65,14 +70,13 @@ def _current_spelling(fields: dict[str, Any]) -> dict[str, Any]:
             DeprecationWarning,
             stacklevel=3,
         )
-        if "retry" in fields:
+        if "retry" in fields and not restated:
             raise TypeError(f"pass retry= only ({', '.join(old_retry)}: its deprecated spelling)")
         if "max_retries" in old_retry:
             _check_int("max_retries", old_retry["max_retries"], 0)
             old_retry["max_retries"] += 1
-        fields["retry"] = replace(
-            RetryPolicy(), **{_RETRY_FIELDS[k]: v for k, v in old_retry.items()}
-        )
+        base = fields.get("retry", RetryPolicy())  # the policy's own, under replace()
+        fields["retry"] = replace(base, **{_RETRY_FIELDS[k]: v for k, v in old_retry.items()})
     return fields
 
 
@@ -91,7 +95,7 @@ class _AcceptsDeprecatedKeywords(type):
     """
 
     def __call__(cls, *args: Any, **fields: Any) -> Any:
-        return super().__call__(*args, **_current_spelling(fields))
+        return super().__call__(*args, **_current_spelling(cls, fields))
 
     @property
     def __signature__(cls) -> inspect.Signature:

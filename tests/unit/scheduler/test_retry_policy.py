@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import warnings
 from collections.abc import Callable
@@ -126,6 +127,22 @@ def test_batch_policy_old_retry_keywords_still_work_with_a_warning() -> None:
             BatchPolicy(retry=RetryPolicy(), max_retries=1)  # type: ignore[call-arg]
         with pytest.raises(ValueError, match="max_retries"):
             BatchPolicy(max_retries=-1)  # type: ignore[call-arg]
+
+
+def test_replace_takes_the_deprecated_keywords_over_the_policys_fields() -> None:
+    # `dataclasses.replace` restates every field, `retry` and `inflight_limit`
+    # included: the deprecated keyword is the change asked for, not a conflict
+    # (`replace(policy, max_retries=5)` worked while max_retries was a field).
+    policy = BatchPolicy(retry=RetryPolicy(max_attempts=5, jitter=False), inflight_limit=16)
+    with pytest.warns(DeprecationWarning, match="max_retries deprecated"):
+        changed = dataclasses.replace(policy, max_retries=1)  # type: ignore[call-arg]
+    assert changed.retry == RetryPolicy(max_attempts=2, jitter=False)
+    assert changed.inflight_limit == 16
+    with pytest.warns(DeprecationWarning, match="backoff_max_s"):
+        slower = dataclasses.replace(policy, backoff_max_s=2.0)  # type: ignore[call-arg]
+    assert slower.retry == RetryPolicy(max_attempts=5, jitter=False, max_interval=2.0)
+    with pytest.warns(DeprecationWarning, match="max_inflight is deprecated"):
+        assert dataclasses.replace(policy, max_inflight=8).inflight_limit == 8  # type: ignore[call-arg]
 
 
 def test_batch_policy_from_json_takes_a_retry_dict() -> None:
