@@ -86,12 +86,14 @@ class RedisSemaphore:
             scripts: The registered scripts (registered on `client` when None).
 
         Raises:
-            ValueError: If `limit < 1` or `lease_s <= 0`.
+            ValueError: If `limit < 1`, `lease_s <= 0` or `unavailable_timeout <= 0`.
         """
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit!r}")
         if not lease_s > 0:
             raise ValueError(f"lease_s must be > 0, got {lease_s!r}")
+        if not unavailable_timeout > 0:  # RedisWait's rule, checked here, not at the first wait
+            raise ValueError(f"unavailable_timeout must be > 0, got {unavailable_timeout!r}")
         self.key = key
         self.limit = limit
         self.lease_ms = max(1, int(lease_s * 1000))

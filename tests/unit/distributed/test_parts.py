@@ -237,6 +237,18 @@ class _AbsorbingScripts:
         return len(args) - 1
 
 
+@pytest.mark.parametrize("timeout", [0, -1.0])
+def test_semaphore_refuses_a_non_positive_unavailable_timeout_at_construction(
+    timeout: float,
+) -> None:
+    # RedisWait refuses it too, but only once a call first waits for a lease:
+    # inside a model call, far from the mistake.
+    from langgraph_batch.distributed._semaphore import RedisSemaphore
+
+    with pytest.raises(ValueError, match="unavailable_timeout"):
+        RedisSemaphore(object(), key="{lgb:sem:t}", limit=1, unavailable_timeout=timeout)
+
+
 async def test_a_cancelled_lease_wait_ends_even_when_a_call_absorbs_the_cancel() -> None:
     from langgraph_batch.distributed._semaphore import RedisSemaphore
 
