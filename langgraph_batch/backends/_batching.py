@@ -10,7 +10,8 @@ members of a call isolated from each other:
   sent alone. The estimate is only a pre-filter (the generous estimate of
   `_estimates`, 3 bytes per token: the server's tokenizer decides, and one
   estimated too long is only sent alone): when a batched call still fails with
-  a 4xx (`BackendBadRequestError`, e.g. `ContextLengthExceededError`), the
+  a 4xx that is the request's fault (`BackendBadRequestError`, e.g.
+  `ContextLengthExceededError`; not 408 or 429, which are the server's), the
   batch is split and every member is sent on its own, so each gets its own
   answer or its own error. Other failures (5xx, 429, a dropped connection)
   are the server's, not a member's: every member gets the error and the

@@ -75,6 +75,10 @@ def make_llm(job: dict[str, Any], *, answer: bool = False) -> Any:
     if isinstance(policy, dict):
         from dataclasses import replace
 
+        from langgraph_batch import RetryPolicy
+
+        if isinstance(policy.get("retry"), dict):  # JSON from --lgb-option carries no objects
+            policy = {**policy, "retry": RetryPolicy(**policy["retry"])}
         llm = llm.model_copy(update={"policy": replace(llm.default_policy(), **policy)})
     return llm
 
