@@ -209,9 +209,13 @@ class SiblingAdmission:
         return sibling.sibling_id in self._paused
 
     def resident_tokens(self) -> int:
-        """KV tokens booked by this run's siblings."""
+        """KV tokens booked by this run's siblings.
+
+        Also asked from other event loops (through their shared `KVLedger`):
+        it reads a copy of the bookings, which `list` takes at once.
+        """
         booking = self.forecast.booking
-        return sum(booking(s.context_tokens) for s in self._booked.values())
+        return sum(booking(s.context_tokens) for s in list(self._booked.values()))
 
     def stats(self) -> AdmissionStats:
         """A snapshot of the gate's counters."""

@@ -424,3 +424,62 @@ def test_a_gate_in_another_loop_is_woken_in_its_own_loop() -> None:
     here.finish(holder)  # from this thread: the other loop is woken thread-safely
     assert admitted.wait(10)
     t.join(10)
+
+
+def test_a_ledger_shared_by_loops_is_read_while_another_loop_books_it() -> None:
+    # Gates of two event loops (two threads) book one server's ledger. One loop
+    # admits and finishes siblings and opens and closes runs (gates join and
+    # leave) while the other asks the ledger what fits: the reads must never
+    # see a gate's bookings or the ledger's members change under them
+    # ("dictionary changed size during iteration" would fail a sibling, or be
+    # lost in a wake callback, leaving its waiters asleep).
+    import sys
+    import threading
+
+    ledger = KVLedger(10**9)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def booker() -> None:
+        async def main() -> None:
+            gate = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=10)
+            n = 0
+            while not stop.is_set():
+                sibs = [SiblingInfo(group="b", index=n + k) for k in range(20)]
+                n += 20
+                for s in sibs:
+                    await gate.acquire(s, returning=False)
+                for s in sibs:
+                    gate.finish(s)
+                for run in [SiblingAdmission(kv_ledger=ledger) for _ in range(5)]:
+                    run.close()
+            gate.close()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    t = threading.Thread(target=booker)
+    t.start()
+    try:
+        reader = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=10)
+        for _ in range(20_000):
+            if stop.is_set():
+                break
+            try:
+                ledger.fits(10, headroom=1.0)
+                ledger.active()
+                reader.wake()
+            except RuntimeError as exc:
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        t.join(30)
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert ledger.resident_tokens() == 0
