@@ -377,6 +377,32 @@ class SiblingAdmission:
         self._sizing = False
         self._freed()
 
+    def lend(self, sibling: SiblingInfo) -> bool:
+        """`sibling` now waits on a fan_out run of its own: its place and booking go to that run.
+
+        A sibling waiting on its nested run's siblings would otherwise keep
+        its booking while they wait for room that only its finishing frees
+        (a deadlock once the outer siblings' bookings fill the budget). Like a
+        tool wait, it gives its place back; its booking is given up (paused),
+        so the nested siblings are budgeted beside the server's other
+        residents only. It resumes, ahead of fresh siblings, when its booking
+        fits again.
+
+        Returns:
+            Whether it held a place: it then asks for it again
+            (`acquire(..., returning=True)`) when the nested run is over; a
+            sibling inside a tool does so when it leaves the tool.
+        """
+        sid = sibling.sibling_id
+        held = sid in self._holders
+        self._holders.discard(sid)
+        if sid in self._booked:
+            self._paused[sid] = self._booked.pop(sid)
+            self._pauses += 1
+            self._move_to_resuming(sid)
+        self._freed()
+        return held
+
     def _freed(self) -> None:
         if self._ledger is not None:
             self._ledger.freed(self)  # other runs' gates first, then this one
