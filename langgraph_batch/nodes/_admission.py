@@ -209,9 +209,13 @@ class SiblingAdmission:
         return sibling.sibling_id in self._paused
 
     def resident_tokens(self) -> int:
-        """KV tokens booked by this run's siblings."""
+        """KV tokens booked by this run's siblings.
+
+        Also asked from other event loops (through their shared `KVLedger`):
+        it reads a copy of the bookings, which `list` takes at once.
+        """
         booking = self.forecast.booking
-        return sum(booking(s.context_tokens) for s in self._booked.values())
+        return sum(booking(s.context_tokens) for s in list(self._booked.values()))
 
     def stats(self) -> AdmissionStats:
         """A snapshot of the gate's counters."""
@@ -372,6 +376,32 @@ class SiblingAdmission:
         # A sibling finished before the capacity was known: stop waiting for it.
         self._sizing = False
         self._freed()
+
+    def lend(self, sibling: SiblingInfo) -> bool:
+        """`sibling` now waits on a fan_out run of its own: its place and booking go to that run.
+
+        A sibling waiting on its nested run's siblings would otherwise keep
+        its booking while they wait for room that only its finishing frees
+        (a deadlock once the outer siblings' bookings fill the budget). Like a
+        tool wait, it gives its place back; its booking is given up (paused),
+        so the nested siblings are budgeted beside the server's other
+        residents only. It resumes, ahead of fresh siblings, when its booking
+        fits again.
+
+        Returns:
+            Whether it held a place: it then asks for it again
+            (`acquire(..., returning=True)`) when the nested run is over; a
+            sibling inside a tool does so when it leaves the tool.
+        """
+        sid = sibling.sibling_id
+        held = sid in self._holders
+        self._holders.discard(sid)
+        if sid in self._booked:
+            self._paused[sid] = self._booked.pop(sid)
+            self._pauses += 1
+            self._move_to_resuming(sid)
+        self._freed()
+        return held
 
     def _freed(self) -> None:
         if self._ledger is not None:

@@ -69,9 +69,10 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Send
 from typing_extensions import TypedDict
 
-from langgraph_batch._context import SiblingInfo, sibling_scope
+from langgraph_batch._context import SiblingInfo, current_sibling, sibling_scope
 from langgraph_batch._estimates import KV_HEADROOM
 from langgraph_batch._loop import background_loop
+from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
 from langgraph_batch.nodes._results import ERR, OK, SiblingError, collect_results
 from langgraph_batch.nodes._run import (
@@ -181,7 +182,13 @@ def _build_runner(
                 if spec.executor is not None:
                     out = await _run_remote(spec, run, config)
                 else:
-                    out = await inner.ainvoke({"items": run.items}, child_config(run, config))
+                    lent = _lend_parent(current_sibling())
+                    try:
+                        out = await inner.ainvoke({"items": run.items}, child_config(run, config))
+                    except Exception:
+                        await _take_back(lent)
+                        raise
+                    await _take_back(lent)
             finally:
                 close_run(run)
             return collect_results(spec, run, out)
@@ -205,18 +212,24 @@ def _build_runner(
                 if spec.executor is not None:
                     out = loop.run(_run_remote(spec, run, config))
                     return collect_results(spec, run, out)
+                lent = loop.call(_lend_parent, current_sibling())
                 try:
-                    out = loop.run(inner.ainvoke({"items": run.items}, child))
-                except NotImplementedError:
-                    # Raised by the checkpointer before any sibling started (the
-                    # inner graph reads its checkpoint first): nothing ran yet.
-                    if run.started:
-                        raise
-                    logger.debug(
-                        "fan_out %s: sync-only checkpointer, threads run siblings", run.node
-                    )
-                    run.threads = True
-                    out = inner.invoke({"items": run.items}, thread_config(run, child))
+                    try:
+                        out = loop.run(inner.ainvoke({"items": run.items}, child))
+                    except NotImplementedError:
+                        # Raised by the checkpointer before any sibling started (the
+                        # inner graph reads its checkpoint first): nothing ran yet.
+                        if run.started:
+                            raise
+                        logger.debug(
+                            "fan_out %s: sync-only checkpointer, threads run siblings", run.node
+                        )
+                        run.threads = True
+                        out = inner.invoke({"items": run.items}, thread_config(run, child))
+                except Exception:
+                    loop.run(_take_back(lent))
+                    raise
+                loop.run(_take_back(lent))
             finally:
                 close_run(run, loop=loop)
             return collect_results(spec, run, out)
@@ -224,6 +237,28 @@ def _build_runner(
             loop.run(run.flush_events())
 
     return run_fan_out_sync, run_fan_out
+
+
+def _lend_parent(parent: SiblingInfo | None) -> tuple[SiblingInfo, SiblingAdmission] | None:
+    """A run nested in a fan_out sibling (`parent`) takes over its place and KV booking.
+
+    The parent waits on this run's siblings: holding its booking while they
+    wait for room would deadlock once the outer bookings fill the budget
+    (`SiblingAdmission.lend`). Returns the parent and the gate it must ask
+    for its place again when this run is over (None: it held none, or this
+    run is not nested). Called in the gate's loop.
+    """
+    gate = parent.admission if parent is not None else None
+    if parent is None or not isinstance(gate, SiblingAdmission) or not gate.lend(parent):
+        return None
+    return parent, gate
+
+
+async def _take_back(lent: tuple[SiblingInfo, SiblingAdmission] | None) -> None:
+    """The nested run is over: its parent asks for its place again (ahead of fresh siblings)."""
+    if lent is not None:
+        parent, gate = lent
+        await gate.acquire(parent, returning=True)
 
 
 async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import weakref
 from typing import Protocol
 
@@ -77,6 +78,8 @@ class KVLedger:
     a run gives back goes first to runs that were waiting for it.
 
     Members are held weakly: a run that vanished without `leave` stops counting.
+    Members may live in different event loops (threads): the member set is
+    changed and read under a lock, and each member is asked on a snapshot.
 
     Args:
         capacity: the server's KV cache size in tokens.
@@ -95,6 +98,7 @@ class KVLedger:
         self.capacity = capacity
         self._members: weakref.WeakKeyDictionary[LedgerMember, asyncio.AbstractEventLoop | None]
         self._members = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"KVLedger(capacity={self.capacity}, members={len(self._members)})"
@@ -110,20 +114,27 @@ class KVLedger:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        self._members.setdefault(member, loop)
+        with self._lock:
+            self._members.setdefault(member, loop)
 
     def leave(self, member: LedgerMember) -> None:
         """`member` is done (its run ended): its tokens stop counting; others are woken."""
-        self._members.pop(member, None)
+        with self._lock:
+            self._members.pop(member, None)
         self._wake_others(member)
+
+    def _snapshot(self) -> list[tuple[LedgerMember, asyncio.AbstractEventLoop | None]]:
+        """The members now, with their loops (another loop may join or leave meanwhile)."""
+        with self._lock:
+            return list(self._members.items())
 
     def active(self) -> int:
         """Siblings holding an ACTIVE place now, over every member."""
-        return sum(m.active for m in list(self._members.keys()))
+        return sum(m.active for m, _ in self._snapshot())
 
     def resident_tokens(self) -> int:
         """Estimated KV tokens resident on the server, over every member."""
-        return sum(m.resident_tokens() for m in list(self._members.keys()))
+        return sum(m.resident_tokens() for m, _ in self._snapshot())
 
     def budget(self, headroom: float) -> int:
         """The tokens residents may fill at `headroom` (a share of the capacity)."""
@@ -144,7 +155,7 @@ class KVLedger:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        for other, loop in list(self._members.items()):
+        for other, loop in self._snapshot():
             if other is member:
                 continue
             if loop is None or loop is running:

@@ -424,3 +424,163 @@ def test_a_gate_in_another_loop_is_woken_in_its_own_loop() -> None:
     here.finish(holder)  # from this thread: the other loop is woken thread-safely
     assert admitted.wait(10)
     t.join(10)
+
+
+def test_a_ledger_shared_by_loops_is_read_while_another_loop_books_it() -> None:
+    # Gates of two event loops (two threads) book one server's ledger. One loop
+    # admits and finishes siblings and opens and closes runs (gates join and
+    # leave) while the other asks the ledger what fits: the reads must never
+    # see a gate's bookings or the ledger's members change under them
+    # ("dictionary changed size during iteration" would fail a sibling, or be
+    # lost in a wake callback, leaving its waiters asleep).
+    import sys
+    import threading
+
+    ledger = KVLedger(10**9)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def booker() -> None:
+        async def main() -> None:
+            gate = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=10)
+            n = 0
+            while not stop.is_set():
+                sibs = [SiblingInfo(group="b", index=n + k) for k in range(20)]
+                n += 20
+                for s in sibs:
+                    await gate.acquire(s, returning=False)
+                for s in sibs:
+                    gate.finish(s)
+                for run in [SiblingAdmission(kv_ledger=ledger) for _ in range(5)]:
+                    run.close()
+            gate.close()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    t = threading.Thread(target=booker)
+    t.start()
+    try:
+        reader = SiblingAdmission(kv_ledger=ledger, kv_headroom=1.0, sibling_tokens=10)
+        for _ in range(20_000):
+            if stop.is_set():
+                break
+            try:
+                ledger.fits(10, headroom=1.0)
+                ledger.active()
+                reader.wake()
+            except RuntimeError as exc:
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        t.join(30)
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert ledger.resident_tokens() == 0
+
+
+async def test_a_nested_fan_out_on_the_same_ledger_does_not_deadlock() -> None:
+    # Outer siblings each run a fan_out of their own on the same server. Three
+    # outer bookings (3 x 300) fill most of the 1000-token budget: the nested
+    # siblings (300 each) never fit beside them, and the outer siblings finish
+    # only when their nested runs do. A sibling waiting on its nested run lends
+    # it its place and booking (paused), and resumes when the run is over.
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    from langgraph_batch.nodes import fan_out
+
+    ledger = KVLedger(1000)
+
+    class Sched:
+        def stats(self) -> dict[str, int]:
+            return {}
+
+        async def kv_ledger(self) -> KVLedger:
+            return ledger
+
+    sched = Sched()
+
+    class Leaf(TypedDict, total=False):
+        x: int
+
+    async def work(state: Leaf) -> Leaf:
+        await asyncio.sleep(0.01)
+        return {"x": state["x"] * 10}
+
+    leaf = StateGraph(Leaf)
+    leaf.add_node("work", work)
+    leaf.add_edge(START, "work")
+    leaf.add_edge("work", END)
+
+    class Mid(TypedDict, total=False):
+        xs: list[int]
+        out: list[int]
+
+    mid = StateGraph(Mid)
+    mid.add_node(
+        "inner",
+        fan_out(
+            leaf.compile(),
+            items="xs",
+            into="out",
+            make_input=lambda x, i: {"x": x},
+            result=lambda f: f["x"],
+            scheduler=sched,
+            sibling_tokens=300,
+            kv_headroom=1.0,
+        ),
+    )
+    mid.add_edge(START, "inner")
+    mid.add_edge("inner", END)
+
+    class P(TypedDict, total=False):
+        xs: list[int]
+        out: list[list[int]]
+
+    parent = StateGraph(P)
+    parent.add_node(
+        "fan",
+        fan_out(
+            mid.compile(),
+            items="xs",
+            into="out",
+            make_input=lambda x, i: {"xs": [x, x + 1]},
+            result=lambda f: f["out"],
+            scheduler=sched,
+            sibling_tokens=300,
+            kv_headroom=1.0,
+        ),
+    )
+    parent.add_edge(START, "fan")
+    parent.add_edge("fan", END)
+    out = await asyncio.wait_for(parent.compile().ainvoke({"xs": [1, 2, 3, 4]}), 10)
+    assert out["out"] == [[10, 20], [20, 30], [30, 40], [40, 50]]
+    assert ledger.resident_tokens() == 0
+    assert ledger.members == 0
+
+
+async def test_a_sibling_lends_its_place_and_booking_and_takes_them_back() -> None:
+    gate = SiblingAdmission(max_active=1, kv_capacity=1000, kv_headroom=1.0, sibling_tokens=600)
+    parent, other = sib(0), sib(1)
+    await gate.acquire(parent, returning=False)
+    waiting = asyncio.create_task(gate.acquire(other, returning=False))
+    await settle()
+    assert not waiting.done()  # 600 + 600 > 1000, and max_active=1
+    assert gate.lend(parent)  # it held a place: it must ask for it again
+    assert gate.is_paused(parent)
+    await asyncio.wait_for(waiting, 10)  # the place and the room went to the waiter
+    back = asyncio.create_task(gate.acquire(parent, returning=True))
+    await settle()
+    assert not back.done()  # paused: it waits for room (and a place)
+    gate.finish(other)
+    await asyncio.wait_for(back, 10)
+    assert gate.holds(parent)
+    assert not gate.is_paused(parent)
+    assert not gate.lend(sib(7))  # a sibling that holds nothing lends nothing
