@@ -382,7 +382,7 @@ def test_a_long_horizon_run_is_never_rounded_into_waves() -> None:
     demand.add("run", lambda: 30, turn=0)
     assert demand.siblings_left() == 30  # short agents: the last 30 go in one wave
     demand.add("run", lambda: 30, turn=LONG_HORIZON_TURNS)
-    # Siblings on their fourth call or later finish one by one, turns apart: the
+    # Siblings that have made 4 calls or more finish one by one, turns apart: the
     # demand is unknown to the rounding, which then keeps the learned cap.
     assert demand.siblings_left() is None
     assert DecodeCap(ceiling=256, start=16).wave(demand.siblings_left()) == 16
