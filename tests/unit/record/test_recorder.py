@@ -350,3 +350,12 @@ def test_nothing_is_kept_after_close() -> None:
     assert not rec._open
     assert not rec._tools_open
     assert lines(buf)[-1]["type"] == "summary"
+
+
+def test_a_wrong_file_is_refused_without_quoting_it() -> None:
+    # `bench --replay` on a JSON file by mistake (a config, a data set of prompts).
+    for first in ('{"api_key": "sk-live-0123456789"}', '{"prompt": "my private text"}'):
+        with pytest.raises(ValueError, match="not a langgraph-batch-record") as info:
+            parse_lines([first])
+        assert "sk-live" not in str(info.value)
+        assert "private" not in str(info.value)
