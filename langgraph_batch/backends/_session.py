@@ -257,7 +257,7 @@ class SessionRouting:
         ValueError: `config` is neither a `SessionConfig` nor None.
     """
 
-    __slots__ = ("_detect_after", "_names", "_per_session", "_scope", "config")
+    __slots__ = ("_detect_after", "_names", "_per_session", "_probe", "_scope", "config")
 
     def __init__(
         self,
@@ -280,6 +280,7 @@ class SessionRouting:
         else:
             self._per_session = None  # "auto": decided by `resolve`
         self._detect_after = 0.0
+        self._probe: asyncio.Future[None] | None = None  # the probe in flight, if any
 
     @property
     def hints(self) -> EngineHints | None:
@@ -311,10 +312,15 @@ class SessionRouting:
         """Decide `"auto"` once: `GET url` (a router's `/workers`) lists workers or not.
 
         A request that fails or takes over 5 s leaves the batches mixed and asks
-        again a minute later.
+        again a minute later. Batches that start while it is in flight wait for
+        its answer instead of asking too.
         """
         if self._per_session is not None or now < self._detect_after:
             return
+        if self._probe is not None:
+            await asyncio.shield(self._probe)
+            return
+        self._probe = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(_DETECT_TIMEOUT_S):  # a batch waits for the answer
                 response = await get(url)
@@ -322,7 +328,11 @@ class SessionRouting:
             logger.debug("router detection at %s failed (%r); batches mix sessions", url, exc)
             self._detect_after = now + _DETECT_RETRY_S
             return
-        self._per_session = is_router_answer(response)
+        else:
+            self._per_session = is_router_answer(response)
+        finally:  # the batches waiting on it read the answer (or ask again later)
+            self._probe.set_result(None)
+            self._probe = None
         if self._per_session:
             logger.info(
                 "%s is a router in front of replicas: batched calls carry one session each",

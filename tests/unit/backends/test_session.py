@@ -382,3 +382,18 @@ async def test_callers_with_other_credentials_never_share_a_key(recorder: Record
         ]
         assert programs == [a, b_, a_again]
         assert "sk-tenant" not in a + b_
+
+
+async def test_batches_that_start_together_ask_once(recorder: Recorder) -> None:
+    _batch_handler(recorder)
+    recorder.workers = [{"url": "http://gpu1:8000"}]
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.01)  # a network: the other batches start meanwhile
+        return recorder(request)
+
+    async with VLLMBackend("http://srv:8000", transport=httpx.MockTransport(slow)) as b:
+        batches = [[keyed("a", i), keyed("b", i + 10)] for i in range(4)]
+        await asyncio.gather(*(b.complete_batch(batch) for batch in batches))
+    assert recorder.probes == 1
+    assert len(posts(recorder)) == 8  # every batch waited for the answer: per session
