@@ -20,9 +20,11 @@ So every request carries a **session key** in both headers (`SessionConfig`):
 one key per fan_out sibling (all its turns), and outside a fan_out one per
 conversation (its model, first system and first user message, the same on
 every turn). The key is opaque: an HMAC-SHA256 under a random secret made once
-per process, truncated to 128 bits, of that identity. It holds no user data
-(no content, thread id or credential), cannot be guessed or linked across
-runs, and is never logged.
+per process, truncated to 128 bits, of that identity and of the backend's
+credentials digest (callers with other API keys or headers never share a key,
+so a router never takes two tenants' requests for one session or program). It
+holds no user data (no content, thread id or credential), cannot be guessed or
+linked across runs, and is never logged.
 
 **Batches.** One HTTP call reaches one replica, so a batched call may carry
 only one key. `SessionConfig.batching` says which requests may share a call:
@@ -195,8 +197,13 @@ def affinity_key(request: ChatRequest) -> str:
     return request.route_key or conversation_key(request)
 
 
-def session_key(request: ChatRequest) -> str:
+def session_key(request: ChatRequest, scope: str | None = None) -> str:
     """The opaque session key of a request (32 hex digits; see the module doc).
+
+    Args:
+        request: the call to route.
+        scope: who sends it (the backend's credentials digest; None: no
+            credentials): callers with other scopes get other keys.
 
     Example:
         ```python
@@ -204,7 +211,10 @@ def session_key(request: ChatRequest) -> str:
         assert session_key(a) == session_key(replace(a, request_id="other"))
         ```
     """
-    digest = hmac.new(_SECRET, affinity_key(request).encode(), hashlib.sha256).hexdigest()
+    identity = affinity_key(request)
+    if scope:
+        identity = f"{scope}\x00{identity}"
+    digest = hmac.new(_SECRET, identity.encode(), hashlib.sha256).hexdigest()
     return digest[:32]
 
 
@@ -240,17 +250,26 @@ class SessionRouting:
         config: the setting (None: no key, batches mix).
         static_headers: the backend's own headers; a session header the user
             already sets there is left alone.
+        scope: the backend's credentials digest (`credentials_hash`; None: none),
+            part of every key so that callers with other credentials never share one.
 
     Raises:
         ValueError: `config` is neither a `SessionConfig` nor None.
     """
 
-    __slots__ = ("_detect_after", "_names", "_per_session", "config")
+    __slots__ = ("_detect_after", "_names", "_per_session", "_probe", "_scope", "config")
 
-    def __init__(self, config: SessionConfig | None, static_headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: SessionConfig | None,
+        static_headers: Mapping[str, str],
+        *,
+        scope: str | None = None,
+    ) -> None:
         if config is not None and not isinstance(config, SessionConfig):
             raise ValueError(f"session_affinity must be a SessionConfig or None, got {config!r}")
         self.config = config
+        self._scope = scope
         taken = {k.lower() for k in static_headers}
         names = config.headers if config is not None else ()
         self._names = tuple(n for n in names if n.lower() not in taken)
@@ -261,6 +280,7 @@ class SessionRouting:
         else:
             self._per_session = None  # "auto": decided by `resolve`
         self._detect_after = 0.0
+        self._probe: asyncio.Future[None] | None = None  # the probe in flight, if any
 
     @property
     def hints(self) -> EngineHints | None:
@@ -272,16 +292,19 @@ class SessionRouting:
         """Whether batches hold one session's requests only (False until resolved)."""
         return bool(self._per_session)
 
+    def key(self, request: ChatRequest) -> str:
+        """The session key of one request from this backend (its credentials' scope)."""
+        return session_key(request, self._scope)
+
     def headers(self, request: ChatRequest) -> dict[str, str] | None:
         """The session headers of one request (None: none)."""
         if not self._names:
             return None
-        key = session_key(request)
-        return dict.fromkeys(self._names, key)
+        return dict.fromkeys(self._names, self.key(request))
 
     def group_key(self, request: ChatRequest) -> str | None:
         """What batches must also share: the session key when per session, else None."""
-        return session_key(request) if self._per_session else None
+        return self.key(request) if self._per_session else None
 
     async def resolve(
         self, get: Callable[[httpx.URL], Awaitable[httpx.Response]], url: httpx.URL, now: float
@@ -289,10 +312,15 @@ class SessionRouting:
         """Decide `"auto"` once: `GET url` (a router's `/workers`) lists workers or not.
 
         A request that fails or takes over 5 s leaves the batches mixed and asks
-        again a minute later.
+        again a minute later. Batches that start while it is in flight wait for
+        its answer instead of asking too.
         """
         if self._per_session is not None or now < self._detect_after:
             return
+        if self._probe is not None:
+            await asyncio.shield(self._probe)
+            return
+        self._probe = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(_DETECT_TIMEOUT_S):  # a batch waits for the answer
                 response = await get(url)
@@ -300,7 +328,11 @@ class SessionRouting:
             logger.debug("router detection at %s failed (%r); batches mix sessions", url, exc)
             self._detect_after = now + _DETECT_RETRY_S
             return
-        self._per_session = is_router_answer(response)
+        else:
+            self._per_session = is_router_answer(response)
+        finally:  # the batches waiting on it read the answer (or ask again later)
+            self._probe.set_result(None)
+            self._probe = None
         if self._per_session:
             logger.info(
                 "%s is a router in front of replicas: batched calls carry one session each",

@@ -169,7 +169,7 @@ class OpenAICompatibleBackend(Backend):
         if api_key:
             client_headers["Authorization"] = f"Bearer {api_key}"
         self._credentials = credentials_hash(api_key, headers, query)
-        self._session = SessionRouting(session_affinity, client_headers)
+        self._session = SessionRouting(session_affinity, client_headers, scope=self._credentials)
         ssl_context: Any = None
         if transport is None and self.base_url.startswith("https://"):
             # One TLS context for all pools (building one costs ~50 ms of CPU).

@@ -36,7 +36,7 @@ from langgraph_batch.backends._batching import (
 )
 from langgraph_batch.backends._errormap import is_route_not_found
 from langgraph_batch.backends._prometheus import parse_prometheus
-from langgraph_batch.backends._session import affinity_key, agentic_context, session_key
+from langgraph_batch.backends._session import affinity_key, agentic_context
 from langgraph_batch.backends._sse import parse_usage
 from langgraph_batch.backends.base import (
     BackendCapabilities,
@@ -121,7 +121,8 @@ class VLLMBackend(OpenAICompatibleBackend):
         if self._session.hints == "agentic_context":
             xargs = body.get("vllm_xargs")
             xargs = dict(xargs) if isinstance(xargs, dict) else {}
-            xargs.setdefault("agentic_context", agentic_context(request, session_key(request)))
+            key = self._session.key(request)
+            xargs.setdefault("agentic_context", agentic_context(request, key))
             body["vllm_xargs"] = xargs
 
     def _request_headers(self, request: ChatRequest) -> dict[str, str] | None:

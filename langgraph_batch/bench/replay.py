@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,7 +183,11 @@ def plan(recording: Recording) -> ReplayPlan:
     if unknown_usage:
         warnings.append(f"{unknown_usage} model calls without usage: prompt lengths estimated")
     _assign_keys(out)
-    shared_tokens = int((recording.summary or {}).get("shared_prefix", {}).get("tokens") or 0)
+    prefix = (recording.summary or {}).get("shared_prefix")
+    tokens = prefix.get("tokens") if isinstance(prefix, Mapping) else None
+    shared_tokens = 0  # a summary without a usable figure: recomputed below
+    if isinstance(tokens, int | float) and math.isfinite(tokens):
+        shared_tokens = max(0, int(tokens))
     if not shared_tokens:
         from langgraph_batch.record import shared_prefix
 

@@ -188,7 +188,8 @@ def parse_lines(lines: Iterable[str]) -> Recording:
             kind = row.get("type")
             if header is None:
                 if kind != "header" or row.get("format") != FORMAT:
-                    raise ValueError(f"not a {FORMAT} file (first line: {line[:80]!r})")
+                    # Not quoted: a file given by mistake may hold secrets or prompts.
+                    raise ValueError(f"not a {FORMAT} file (its first line is no {FORMAT} header)")
                 if int(row.get("version", 0)) > FORMAT_VERSION:
                     raise ValueError(
                         f"format version {row.get('version')}; this library reads "

@@ -12,6 +12,7 @@ unless `content=True`: only keyed digests and lengths (the format:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -120,7 +121,7 @@ class Recorder(BaseCallbackHandler):
         # A path is opened by the writer thread (not in the caller's event loop).
         self._path = Path(path) if isinstance(path, str | Path) else None
         self._fh: IO[str] | None = None if isinstance(path, str | Path) else path
-        self._error: OSError | None = None
+        self._error: Exception | None = None
         self._key = key.encode() if isinstance(key, str) else (key or os.urandom(32))
         self._content = content
         self._clock = clock
@@ -189,22 +190,34 @@ class Recorder(BaseCallbackHandler):
         self._queue.put(json.dumps(row, separators=(",", ":")) + "\n")
 
     def _drain(self) -> None:
+        # Takes every line up to the end marker whatever fails (close() waits for it),
+        # and closes a file it opened even when a write failed.
+        fh = self._fh
         try:
-            if self._fh is None and self._path is not None:
-                self._fh = self._path.open("w", encoding="utf-8")
-            fh = self._fh
-            assert fh is not None
-            while (line := self._queue.get()) is not None:
+            if fh is None and self._path is not None:
+                fh = self._fh = self._path.open("w", encoding="utf-8")
+        except OSError as exc:
+            self._error = exc
+        while (line := self._queue.get()) is not None:
+            if self._error is not None or fh is None:
+                continue  # keep the callbacks from piling up lines
+            try:
                 fh.write(line)
                 if self._queue.empty():
                     fh.flush()
-            fh.flush()
-            if self._path is not None:
-                fh.close()
-        except OSError as exc:
+            except Exception as exc:  # kept for close() to raise
+                self._error = exc
+        if fh is None:
+            return
+        try:
+            if self._error is None:
+                fh.flush()
+        except Exception as exc:  # kept for close() to raise
             self._error = exc
-            while self._queue.get() is not None:  # keep the callbacks from piling up lines
-                pass
+        finally:
+            if self._path is not None:
+                with contextlib.suppress(OSError):  # closed even when its flush fails
+                    fh.close()
 
     def _sibling_of(self, hashes: tuple[str, ...]) -> tuple[int, int]:
         """(sibling, messages shared with its previous call) for a call with these messages."""
@@ -243,6 +256,8 @@ class Recorder(BaseCallbackHandler):
         params = kwargs.get("invocation_params") or {}
         tools = params.get("tools")
         with self._lock:
+            if self._closed:
+                return
             call = _Open()
             call.start = self._now()
             call.hashes = hashes
@@ -369,6 +384,8 @@ class Recorder(BaseCallbackHandler):
         name = str(kwargs.get("name") or (serialized or {}).get("name") or "")
         args: Any = inputs if inputs is not None else input_str
         with self._lock:
+            if self._closed:
+                return
             start = self._now()
             where = self._call_ids.get(str(kwargs.get("tool_call_id") or ""))
             if where is None:
@@ -414,28 +431,37 @@ class Recorder(BaseCallbackHandler):
     def summary(self) -> dict[str, Any]:
         """The totals so far (what `close()` writes as the last line)."""
         with self._lock:
-            firsts: Sequence[LLMCall] = sorted(self._firsts, key=lambda c: c.sibling)
-            return {
-                "type": "summary",
-                "siblings": len(self._turns),
-                **self._totals,
-                "cached_tokens": self._cached if self._cached_known else None,
-                "makespan_s": self._last_end,
-                "shared_prefix": shared_prefix(firsts),
-            }
+            return self._summary()
+
+    def _summary(self) -> dict[str, Any]:
+        firsts: Sequence[LLMCall] = sorted(self._firsts, key=lambda c: c.sibling)
+        return {
+            "type": "summary",
+            "siblings": len(self._turns),
+            **self._totals,
+            "cached_tokens": self._cached if self._cached_known else None,
+            "makespan_s": self._last_end,
+            "shared_prefix": shared_prefix(firsts),
+        }
 
     def close(self) -> None:
         """Write the summary line, wait until every line is written, close the file.
 
         A file object passed in is flushed, not closed.
 
+        Calls that end after it are not recorded (nor kept).
+
         Raises:
-            OSError: the file could not be opened or written.
+            OSError: the file could not be opened or written (or what writing to
+                a file object passed in raised).
         """
-        if not self._closed:
-            self._write(self.summary())
-            self._closed = True
-            self._queue.put(None)
+        with self._lock:  # the summary is the last line: no callback writes after it
+            if not self._closed:
+                self._write(self._summary())
+                self._closed = True
+                self._open.clear()
+                self._tools_open.clear()
+                self._queue.put(None)
         self._writer.join()
         if self._error is not None:
             raise self._error

@@ -23,6 +23,7 @@ from langgraph_batch.backends import (
     backend_from_url,
     backend_key,
 )
+from langgraph_batch.backends._http import credentials_hash
 from langgraph_batch.backends._session import session_key
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import BackendServerError
@@ -169,7 +170,9 @@ async def test_custom_header_and_a_users_own_header_wins(recorder: Recorder) -> 
         await b.chat(sibling_req(5))
     sent = recorder.requests[0]
     assert sent.headers["x-session-id"] == "mine"
-    assert sent.headers["x-user-id"] == session_key(sibling_req(5))
+    # The backend's headers are part of who calls: they scope the key.
+    scope = credentials_hash(headers={"x-session-id": "mine"})
+    assert sent.headers["x-user-id"] == session_key(sibling_req(5), scope)
     assert "x-smg-routing-key" not in sent.headers
 
 
@@ -357,3 +360,40 @@ async def test_agentic_context_hints(recorder: Recorder) -> None:
     }
     second = recorder.last_body["vllm_xargs"]
     assert second == {"a": 1, "agentic_context": {"program_id": key, "session_id": key}}
+
+
+async def test_callers_with_other_credentials_never_share_a_key(recorder: Recorder) -> None:
+    # Two tenants (API keys) behind one router, same conversation or sibling id: the
+    # router must not see one session (or one program, with engine hints) for both.
+    recorder.handler = lambda r: httpx.Response(200, json=completion())
+    config = SessionConfig(engine_hints="agentic_context")
+    conversation = ChatRequest(model="m", messages=[SYSTEM, {"role": "user", "content": "hi"}])
+    for request in (sibling_req(1), conversation):
+        recorder.requests.clear()
+        for api_key in ("sk-tenant-a", "sk-tenant-b", "sk-tenant-a"):
+            async with vllm(recorder, api_key=api_key, session_affinity=config) as b:
+                await b.chat(request)
+        a, b_, a_again = (r.headers["x-session-id"] for r in recorder.requests)
+        assert a != b_
+        assert a == a_again  # stable per caller: still one session per sibling or conversation
+        programs = [
+            json.loads(r.content)["vllm_xargs"]["agentic_context"]["program_id"]
+            for r in recorder.requests
+        ]
+        assert programs == [a, b_, a_again]
+        assert "sk-tenant" not in a + b_
+
+
+async def test_batches_that_start_together_ask_once(recorder: Recorder) -> None:
+    _batch_handler(recorder)
+    recorder.workers = [{"url": "http://gpu1:8000"}]
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.01)  # a network: the other batches start meanwhile
+        return recorder(request)
+
+    async with VLLMBackend("http://srv:8000", transport=httpx.MockTransport(slow)) as b:
+        batches = [[keyed("a", i), keyed("b", i + 10)] for i in range(4)]
+        await asyncio.gather(*(b.complete_batch(batch) for batch in batches))
+    assert recorder.probes == 1
+    assert len(posts(recorder)) == 8  # every batch waited for the answer: per session

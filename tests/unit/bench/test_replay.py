@@ -166,3 +166,12 @@ def test_cli_replay_misuse(tmp_path: Any, capsys: pytest.CaptureFixture[str]) ->
     err = capsys.readouterr().err
     assert "not a langgraph-batch-record file" in err
     assert "unknown contender(s) ['batchagent']" in err
+
+
+@pytest.mark.parametrize("shared", [None, [600], "600", {"tokens": None}, {"tokens": "x"}])
+def test_a_malformed_summary_prefix_is_recomputed(shared: Any) -> None:
+    # A recording from elsewhere: a bad summary is not a crash (the CLI catches ValueError only).
+    rows = [llm(0, 0, 800, 60), llm(1, 0, 820, 40, first=1)]
+    lines = [HEADER, *rows, {"type": "summary", "shared_prefix": shared}]
+    rp = replay.plan(parse_lines(json.dumps(r) for r in lines))
+    assert rp.shared_tokens > 0

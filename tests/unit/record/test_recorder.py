@@ -6,6 +6,9 @@ import asyncio
 import io
 import json
 import operator
+import os
+import threading
+import time
 from typing import Annotated, Any, TypedDict
 from uuid import uuid4
 
@@ -273,3 +276,86 @@ def test_an_unwritable_path_fails_at_close(tmp_path: Any) -> None:
     rec.on_chat_model_start({}, [[HumanMessage("hi")]], run_id=uuid4())
     with pytest.raises(FileNotFoundError):
         rec.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_failed_write_closes_the_file() -> None:
+    before = _open_fds()
+    rec = Recorder("/dev/full")  # opens, then every flush fails with ENOSPC
+    run = uuid4()
+    rec.on_chat_model_start({}, [[HumanMessage("hi")]], run_id=run)
+    rec.on_llm_end(reply("x", usage=usage(3, 1)), run_id=run)
+    with pytest.raises(OSError, match="No space"):
+        rec.close()
+    assert _open_fds() == before
+
+
+class FailsAtTheEnd(io.StringIO):
+    """Its first write waits for `go`; every flush fails once `go` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.go.wait(10)
+        return super().write(text)
+
+    def flush(self) -> None:
+        if self.go.is_set():
+            raise OSError(28, "No space left on device")
+
+
+def test_a_write_error_at_the_last_flush_does_not_hang_close() -> None:
+    fh = FailsAtTheEnd()
+    rec = Recorder(fh)
+    raised: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            rec.close()
+        except OSError as exc:
+            raised.append(exc)
+
+    closer = threading.Thread(target=close, daemon=True)
+    closer.start()
+    deadline = time.monotonic() + 5
+    while rec._queue.qsize() < 2 and time.monotonic() < deadline:  # the summary and the end
+        time.sleep(0.01)
+    fh.go.set()  # the writer writes the header, the summary, then flushes once: it fails
+    closer.join(5)
+    assert not closer.is_alive(), "close() hung"
+    assert [type(e) for e in raised] == [OSError]
+
+
+def test_nothing_is_kept_after_close() -> None:
+    # A recorder left in a model's callbacks after close must not pile up lines or calls.
+    buf = io.StringIO()
+    rec = Recorder(buf)
+    rec.close()
+    written = buf.getvalue()
+    for _ in range(3):
+        run, tool_run = uuid4(), uuid4()
+        rec.on_chat_model_start({}, [[HumanMessage("hi")]], run_id=run)
+        rec.on_llm_end(reply("x", usage=usage(3, 1)), run_id=run)
+        rec.on_tool_start({"name": "t"}, "a", run_id=tool_run, name="t")
+        rec.on_tool_end("r", run_id=tool_run)
+    rec.close()
+    assert buf.getvalue() == written
+    assert rec._queue.empty()
+    assert not rec._open
+    assert not rec._tools_open
+    assert lines(buf)[-1]["type"] == "summary"
+
+
+def test_a_wrong_file_is_refused_without_quoting_it() -> None:
+    # `bench --replay` on a JSON file by mistake (a config, a data set of prompts).
+    for first in ('{"api_key": "sk-live-0123456789"}', '{"prompt": "my private text"}'):
+        with pytest.raises(ValueError, match="not a langgraph-batch-record") as info:
+            parse_lines([first])
+        assert "sk-live" not in str(info.value)
+        assert "private" not in str(info.value)
