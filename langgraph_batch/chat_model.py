@@ -44,6 +44,7 @@ from pydantic import (
 from langgraph_batch._chat_fields import BOUNDS, check_bound, float_env
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch._loop import background_loop
+from langgraph_batch._redact import safe_url
 from langgraph_batch._request import (
     build_request,
     ls_params,
@@ -228,6 +229,11 @@ class BatchedChatModel(BaseChatModel):
         if self.backend is None and not isinstance(self.scheduler, Scheduler):
             check_api_key(self.base_url, self._api_key())
         return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """The fields for `repr`, the URL's password masked (`_redact.safe_url`)."""
+        for name, value in super().__repr_args__():
+            yield name, safe_url(value) if name == "openai_api_base" and value else value
 
     # ------------------------------------------------------------------ ChatOpenAI's habits
 

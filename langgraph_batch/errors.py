@@ -57,6 +57,8 @@ from langchain_core.exceptions import (
 )
 from langchain_core.exceptions import ModelNotFoundError as _LCModelNotFoundError
 
+from langgraph_batch._redact import safe_url
+
 __all__ = (
     "BackendAuthenticationError",
     "BackendBadRequestError",
@@ -147,7 +149,7 @@ class BackendError(LangGraphBatchError):
     """The inference server failed a request.
 
     Attributes:
-        url: the URL that was called, when known.
+        url: the URL that was called, when known (its password masked).
         status_code: the HTTP status, when there was a response.
         request_id: the request id sent to the server, when known.
         body: the (truncated) response body, when there was one.
@@ -163,7 +165,7 @@ class BackendError(LangGraphBatchError):
         body: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.url = url
+        self.url = safe_url(url) if url else url  # a password in a URL never shows
         self.status_code = status_code
         self.request_id = request_id
         self.body = body

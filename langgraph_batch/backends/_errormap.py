@@ -60,6 +60,7 @@ from typing import Any, Literal
 import httpcore
 import httpx
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.backends._errortext import (
     BODY_LIMIT,
     SPACE,
@@ -135,7 +136,7 @@ def mapped_error(
     Returns:
         The mapped exception (not raised), or None when `exc` is no transport error.
     """
-    where = str(url)
+    where = safe_url(str(url))  # messages never show a password
     if isinstance(exc, BackendError):
         return exc
     if isinstance(exc, _POOL_TIMEOUTS):
@@ -346,6 +347,7 @@ def error_from_response(
     Returns:
         The mapped exception (not raised): its class is `status_error`'s.
     """
+    url = safe_url(url)  # messages never show a password
     message, _ = error_message(body, headers.get("content-type"))
     message = SPACE.sub(" ", message).strip()
     short = message if len(message) <= 500 else message[:500] + "..."

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.backends._session import SessionConfig, session_suffix
 from langgraph_batch.backends.base import Backend
 from langgraph_batch.backends.openai_compat import (
@@ -96,7 +97,7 @@ def check_api_key(url: str, api_key: str | None) -> None:
     """
     if not api_key and isinstance(url, str) and url.lower().startswith("openai://"):
         raise ValueError(
-            f"{url!r} needs an API key: pass api_key=... or set OPENAI_API_KEY (or "
+            f"{safe_url(url)!r} needs an API key: pass api_key=... or set OPENAI_API_KEY (or "
             "LGB_API_KEY); for a local server without keys use http:// or vllm://"
         )
 
@@ -128,9 +129,12 @@ def backend_key(
         ValueError: the URL is not one `backend_from_url` accepts (names it).
     """
     cls, http_scheme, hosts = _parse(url)
-    digest = credentials_hash(api_key, headers, query)
-    suffix = ("" if digest is None else f"#{digest}") + session_suffix(session_affinity)
-    keys = [f"{cls.__name__}:{normalize_base_url(f'{http_scheme}://{h}')}{suffix}" for h in hosts]
+    keys = []
+    for host in hosts:
+        base = normalize_base_url(f"{http_scheme}://{host}")
+        digest = credentials_hash(api_key, headers, query, url=base)  # a URL's password too
+        suffix = ("" if digest is None else f"#{digest}") + session_suffix(session_affinity)
+        keys.append(f"{cls.__name__}:{safe_url(base)}{suffix}")
     if len(keys) == 1:
         return keys[0]
     return f"EndpointPool({routing}):{','.join(sorted(keys))}"
@@ -139,7 +143,7 @@ def backend_key(
 def _parse(url: str) -> tuple[type[OpenAICompatibleBackend], str, list[str]]:
     """Split a backend URL into (backend class, http scheme, hosts)."""
     if not isinstance(url, str) or "://" not in url:
-        raise ValueError(f"backend URL {url!r} has no scheme; use one of: {_ACCEPTED}")
+        raise ValueError(f"backend URL {safe_url(url)!r} has no scheme; use one of: {_ACCEPTED}")
     scheme, _, rest = url.partition("://")
     entry = _SCHEMES.get(scheme.lower())
     if entry is None:

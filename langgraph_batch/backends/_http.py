@@ -56,6 +56,7 @@ def credentials_hash(
     api_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     query: Mapping[str, Any] | None = None,
+    url: str | None = None,
 ) -> str | None:
     """A short, one-way digest of what authenticates and distinguishes a client.
 
@@ -63,23 +64,42 @@ def credentials_hash(
     digest match; the digest (a sha256 prefix) is safe to log, the secrets are
     never kept in a key.
 
+    Args:
+        api_key: the bearer token.
+        headers: the client's own headers.
+        query: the client's own query parameters.
+        url: the server URL: its user info (`user:password@`) counts too.
+
     Returns:
-        16 hex characters, or None when there is no key, header or query.
+        16 hex characters, or None when there is no key, header, query or user info.
 
     Example:
         ```python
         credentials_hash("sk-1") != credentials_hash("sk-2")  # True
         ```
     """
-    if not api_key and not headers and not query:
+    userinfo = _userinfo(url)
+    if not api_key and not headers and not query and not userinfo:
         return None
     h = hashlib.sha256()
     h.update(b"key\x00" + (api_key or "").encode())
+    if userinfo:
+        h.update(b"\x00u\x00" + userinfo)
     for name, value in sorted((str(k).lower(), str(v)) for k, v in (headers or {}).items()):
         h.update(b"\x00h\x00" + name.encode() + b"\x00" + value.encode())
     for name, value in sorted((str(k), str(v)) for k, v in (query or {}).items()):
         h.update(b"\x00q\x00" + name.encode() + b"\x00" + value.encode())
     return h.hexdigest()[:16]
+
+
+def _userinfo(url: str | None) -> bytes:
+    """The `user:password` of `url` (empty: none, or not a URL)."""
+    if not url:
+        return b""
+    try:
+        return httpx.URL(url).userinfo
+    except (httpx.InvalidURL, TypeError):
+        return b""
 
 
 def env_proxy(url: str) -> str | None:

@@ -50,6 +50,7 @@ from typing import Any, Literal, get_args
 
 import httpx
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.backends.base import ChatRequest
 from langgraph_batch.errors import BackendError
 
@@ -325,7 +326,9 @@ class SessionRouting:
             async with asyncio.timeout(_DETECT_TIMEOUT_S):  # a batch waits for the answer
                 response = await get(url)
         except (BackendError, TimeoutError) as exc:
-            logger.debug("router detection at %s failed (%r); batches mix sessions", url, exc)
+            logger.debug(
+                "router detection at %s failed (%r); batches mix sessions", safe_url(str(url)), exc
+            )
             self._detect_after = now + _DETECT_RETRY_S
             return
         else:
@@ -336,5 +339,5 @@ class SessionRouting:
         if self._per_session:
             logger.info(
                 "%s is a router in front of replicas: batched calls carry one session each",
-                url.copy_with(path="/"),
+                safe_url(str(url.copy_with(path="/"))),
             )

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.errors import BackendError
 
 __all__ = (
@@ -228,7 +230,10 @@ class Backend(abc.ABC):
         BatchedChatModel instances whose backends have the same key share one
         scheduler.
         """
-        return f"{type(self).__name__}:{self.base_url}"
+        shown = safe_url(self.base_url)
+        if shown != self.base_url:  # a password in the URL: only its digest is kept
+            shown += "#" + hashlib.sha256(self.base_url.encode()).hexdigest()[:16]
+        return f"{type(self).__name__}:{shown}"
 
     @abc.abstractmethod
     async def chat(

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.backends._errormap import error_from_response
 from langgraph_batch.backends._errortext import summarize_body
 from langgraph_batch.backends._http import (
@@ -168,7 +169,7 @@ class OpenAICompatibleBackend(Backend):
             client_headers.update(headers)
         if api_key:
             client_headers["Authorization"] = f"Bearer {api_key}"
-        self._credentials = credentials_hash(api_key, headers, query)
+        self._credentials = credentials_hash(api_key, headers, query, url=self.base_url)
         self._session = SessionRouting(session_affinity, client_headers, scope=self._credentials)
         ssl_context: Any = None
         if transport is None and self.base_url.startswith("https://"):
@@ -203,7 +204,7 @@ class OpenAICompatibleBackend(Backend):
         self._workers_url = httpx.URL(self.base_url + "/workers")
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.base_url!r})"
+        return f"{type(self).__name__}({safe_url(self.base_url)!r})"
 
     @property
     def key(self) -> str:
@@ -212,7 +213,7 @@ class OpenAICompatibleBackend(Backend):
         Models whose backends have equal keys share one scheduler and its HTTP
         client; the digest never reveals the secret (see `credentials_hash`).
         """
-        base = f"{type(self).__name__}:{self.base_url}"
+        base = f"{type(self).__name__}:{safe_url(self.base_url)}"  # the password: in the digest
         if self._credentials is not None:
             base = f"{base}#{self._credentials}"
         return base + session_suffix(self._session.config)
@@ -375,7 +376,7 @@ class OpenAICompatibleBackend(Backend):
             )
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise BackendServerError(
-                f"malformed completion from {self.base_url}: {str(data)[:200]}",
+                f"malformed completion from {safe_url(self.base_url)}: {str(data)[:200]}",
                 url=self.base_url,
                 request_id=request.request_id or None,
             ) from exc
@@ -588,7 +589,7 @@ class OpenAICompatibleBackend(Backend):
             if response.status_code == 404:
                 response = await self._get(self._models_url)
         except (BackendConnectionError, BackendTimeoutError) as exc:
-            logger.debug("health check of %s failed: %s", self.base_url, exc)
+            logger.debug("health check of %s failed: %s", safe_url(self.base_url), exc)
             return False
         return response.status_code == 200
 

@@ -46,6 +46,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch._retry_policy import Delivery
 from langgraph_batch.backends._session import affinity_key, conversation_key
 from langgraph_batch.backends.base import (
@@ -285,7 +286,7 @@ class EndpointPool(Backend):
 
     def _mark_up(self, replica: _Replica) -> None:
         if replica.failures:
-            logger.info("pool replica %s is back", replica.backend.base_url)
+            logger.info("pool replica %s is back", safe_url(replica.backend.base_url))
         replica.failures = 0
 
     # ------------------------------------------------------------ Backend API

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.backends._batching import (
     MAX_PROMPTS_PER_CALL,
     gather_in_order,
@@ -176,7 +177,9 @@ class VLLMBackend(OpenAICompatibleBackend):
                     m.id: m.max_model_len for m in await self.models() if m.max_model_len
                 }
             except BackendError as exc:
-                logger.debug("%s: /v1/models failed (%r); no length pre-filter", self.base_url, exc)
+                logger.debug(
+                    "%s: /v1/models failed (%r); no length pre-filter", safe_url(self.base_url), exc
+                )
                 self._model_lens = {}
                 self._model_lens_retry = now + _MODELS_RETRY_S
         return self._model_lens

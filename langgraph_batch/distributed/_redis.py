@@ -22,7 +22,6 @@ __all__ = (
     "connect",
     "raise_if_cancel_requested",
     "redis_asyncio",
-    "safe_url",
 )
 
 
@@ -114,13 +113,3 @@ def connect(url: str, *, socket_timeout: float = 5.0, **options: Any) -> Any:
     options.setdefault("health_check_interval", 10)
     options.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=3))
     return aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **options)
-
-
-def safe_url(url: str) -> str:
-    """`url` without its password, for logs and reprs."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.partition(":")[0]
-    return f"{scheme}://{user + ':***@' if user else '***@'}{host}"

@@ -40,6 +40,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.distributed._keys import (
     GROUP,
     RunKeys,
@@ -53,7 +54,6 @@ from langgraph_batch.distributed._redis import (
     CLEANUP_ERRORS,
     connect,
     raise_if_cancel_requested,
-    safe_url,
 )
 from langgraph_batch.distributed._redis_wait import RedisWait
 from langgraph_batch.distributed._scripts import Scripts

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
+from langgraph_batch._redact import safe_url
 from langgraph_batch.distributed._keys import (
     GROUP,
     RunKeys,
@@ -58,7 +59,6 @@ from langgraph_batch.distributed._redis import (
     RESPONSE_ERRORS,
     connect,
     raise_if_cancel_requested,
-    safe_url,
 )
 from langgraph_batch.distributed._redis_wait import RedisWait
 from langgraph_batch.distributed._scripts import Scripts

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 
+from langgraph_batch._redact import safe_url
 from langgraph_batch.backends.base import Backend, ChatRequest, ChatResponse
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
 from langgraph_batch.distributed import ClusterLimitedBackend, RedisExecutor, Worker
@@ -19,7 +20,6 @@ from langgraph_batch.distributed._keys import (
     semaphore_key,
     sibling_group,
 )
-from langgraph_batch.distributed._redis import safe_url
 from langgraph_batch.distributed._semaphore import endpoint_key, limit_backends
 from langgraph_batch.distributed._singleflight import key_digest
 from langgraph_batch.distributed.cli import main as worker_main
