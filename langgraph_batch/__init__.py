@@ -21,6 +21,8 @@ Which module owns which decision:
                               a text (typical, generous), the KV prior per agent,
                               the KV headroom; read by every estimator, the
                               scheduler's starting limit and fan_out's bookings
+    _redact, _process         a URL fit to show (no password) in reprs, logs and
+                              errors; stopping a child process (term, kill, reap)
     scheduler/_policy         what goes next: plan(pending, now), pure; composes
       _limit _decode_gate     the in-flight limit (slow start, AIMD); the decode cap
       _warming _priority      the prefix-warming gate; priority key functions
