@@ -40,6 +40,9 @@ class Admission(Protocol):
     def release(self, sibling: SiblingInfo) -> None:
         """Give the place back (sibling finished, failed, or entered a tool)."""
 
+    def context_changed(self, sibling: SiblingInfo) -> None:
+        """`sibling.context_tokens` moved (a call completed): its booking follows."""
+
 
 @dataclass(slots=True, kw_only=True, eq=False)
 class SiblingInfo:
@@ -57,7 +60,8 @@ class SiblingInfo:
     """Tool calls of this sibling running now."""
     context_tokens: int = 0
     """The sibling's own KV working set now: prompt plus completion tokens of its
-    last completed LLM call, less `shared_tokens`. BatchedChatModel records it."""
+    last completed LLM call, less `shared_tokens`. BatchedChatModel records it
+    (`record_context`, which tells the admission gate)."""
     shared_tokens: int = 0
     """Prompt tokens of the sibling's first call that the server already had
     cached: the prefix it shares with its siblings (KV held once, not per sibling)."""
@@ -70,6 +74,12 @@ class SiblingInfo:
     left: Callable[[], int] | None = None
     """How many siblings of the run have not finished yet (the run's counter,
     shared by its siblings). None: unknown (the sibling runs outside a fan_out)."""
+
+    def record_context(self, tokens: int) -> None:
+        """Set `context_tokens` after a completed call, and tell the admission gate."""
+        self.context_tokens = tokens
+        if self.admission is not None:
+            self.admission.context_changed(self)
 
     @property
     def siblings_left(self) -> int:

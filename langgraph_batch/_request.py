@@ -183,8 +183,8 @@ def record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
         # it shares with the others (system prompt, tools): the server holds
         # that KV once, so it is not part of this sibling's own working set.
         sibling.shared_tokens = usage.cached_tokens
-    sibling.context_tokens = max(
-        0, usage.prompt_tokens + usage.completion_tokens - sibling.shared_tokens
+    sibling.record_context(
+        max(0, usage.prompt_tokens + usage.completion_tokens - sibling.shared_tokens)
     )
 
 

@@ -150,6 +150,11 @@ class SiblingAdmission:
         """What the run has taught about its siblings' contexts and tool waits."""
         self._holders: set[str] = set()
         self._booked: dict[str, SiblingInfo] = {}
+        self._counted: dict[str, int] = {}
+        """The context each booked sibling is counted with in the sums below."""
+        self._ctx_sum = 0  # their contexts (those > 0)
+        self._ctx_n = 0  # booked siblings with a context
+        self._new_n = 0  # booked siblings with none yet (a fresh booking each)
         self._paused: dict[str, SiblingInfo] = {}
         self._admitted: dict[str, int] = {}
         self._seq = 0
@@ -209,13 +214,48 @@ class SiblingAdmission:
         return sibling.sibling_id in self._paused
 
     def resident_tokens(self) -> int:
-        """KV tokens booked by this run's siblings.
+        """KV tokens booked by this run's siblings: the sum of `forecast.booking` over them.
 
-        Also asked from other event loops (through their shared `KVLedger`):
-        it reads a copy of the bookings, which `list` takes at once.
+        O(1): kept as sums that every booking and context change updates (the
+        gate asks on every admission decision, with thousands of siblings
+        booked). Also asked from other event loops, through their shared
+        `KVLedger`.
         """
-        booking = self.forecast.booking
-        return sum(booking(s.context_tokens) for s in list(self._booked.values()))
+        f = self.forecast
+        return self._ctx_sum + f.growth * self._ctx_n + f.fresh_booking() * self._new_n
+
+    def context_changed(self, sibling: SiblingInfo) -> None:
+        """`sibling`'s context moved (a call completed): its booking follows (no-op if none)."""
+        sid = sibling.sibling_id
+        if sid in self._counted:
+            self._uncount(sid)
+            self._count(sid, sibling.context_tokens)
+
+    def _count(self, sid: str, context: int) -> None:
+        self._counted[sid] = context
+        if context > 0:
+            self._ctx_sum += context
+            self._ctx_n += 1
+        else:
+            self._new_n += 1
+
+    def _uncount(self, sid: str) -> int | None:
+        context = self._counted.pop(sid, None)
+        if context is not None:
+            if context > 0:
+                self._ctx_sum -= context
+                self._ctx_n -= 1
+            else:
+                self._new_n -= 1
+        return context
+
+    def _book(self, sid: str, sibling: SiblingInfo) -> None:
+        self._booked[sid] = sibling
+        self._count(sid, sibling.context_tokens)
+
+    def _unbook(self, sid: str) -> SiblingInfo | None:
+        self._uncount(sid)
+        return self._booked.pop(sid, None)
 
     def stats(self) -> AdmissionStats:
         """A snapshot of the gate's counters."""
@@ -291,12 +331,14 @@ class SiblingAdmission:
     def _grant(self, sid: str, sibling: SiblingInfo) -> None:
         self._holders.add(sid)
         if sid in self._paused:
-            self._booked[sid] = self._paused.pop(sid)
+            self._book(sid, self._paused.pop(sid))
         elif sid not in self._booked:
-            self._booked[sid] = sibling
+            self._book(sid, sibling)
             self._admitted[sid] = self._seq
             self._seq += 1
             self.first_resident.set()
+        else:
+            self.context_changed(sibling)
         self._peak = max(self._peak, len(self._holders))
 
     async def acquire(self, sibling: SiblingInfo, *, returning: bool) -> None:
@@ -360,6 +402,7 @@ class SiblingAdmission:
             return
         self._holders.discard(sid)
         self._waits[sid] = self._clock()
+        self.context_changed(sibling)
         self.forecast.observe_context(sid, sibling.context_tokens, shared=sibling.shared_tokens)
         self._shed()
         self._freed()
@@ -368,7 +411,7 @@ class SiblingAdmission:
         """`sibling` is done (finished or failed): free its place and its booking."""
         sid = sibling.sibling_id
         self._holders.discard(sid)
-        if self._booked.pop(sid, None) is not None or self._paused.pop(sid, None) is not None:
+        if self._unbook(sid) is not None or self._paused.pop(sid, None) is not None:
             self.forecast.observe_context(sid, sibling.context_tokens, shared=sibling.shared_tokens)
         self.forecast.forget(sid)
         self._admitted.pop(sid, None)
@@ -397,7 +440,8 @@ class SiblingAdmission:
         held = sid in self._holders
         self._holders.discard(sid)
         if sid in self._booked:
-            self._paused[sid] = self._booked.pop(sid)
+            self._paused[sid] = self._booked[sid]
+            self._unbook(sid)
             self._pauses += 1
             self._move_to_resuming(sid)
         self._freed()
@@ -439,8 +483,9 @@ class SiblingAdmission:
             if over <= 0:
                 break
             sid = s.sibling_id
-            over -= forecast.booking(s.context_tokens)
-            self._paused[sid] = self._booked.pop(sid)
+            over -= forecast.booking(self._counted.get(sid, s.context_tokens))
+            self._paused[sid] = s
+            self._unbook(sid)
             self._pauses += 1
             self._move_to_resuming(sid)
             logger.debug("fan_out: sibling %s paused (its KV booking given up)", sid)

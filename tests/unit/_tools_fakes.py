@@ -107,6 +107,9 @@ class RecordingAdmission:
     def release(self, sibling: SiblingInfo) -> None:
         self.events.append(("release", sibling.index, None))
 
+    def context_changed(self, sibling: SiblingInfo) -> None:
+        pass
+
 
 def tool_messages(result: dict[str, Any]) -> list[ToolMessage]:
     return [m for m in result["messages"] if isinstance(m, ToolMessage)]
