@@ -233,6 +233,10 @@ def agentic_context(request: ChatRequest, key: str) -> dict[str, Any]:
     return ctx
 
 
+_INCONCLUSIVE = frozenset({401, 403, 408, 429})
+"""Answers to the probe that say nothing of what the server is (5xx too): asked again later."""
+
+
 def is_router_answer(response: httpx.Response) -> bool:
     """True when a `GET /workers` answer is a router's list of workers."""
     if response.status_code != 200:
@@ -312,8 +316,9 @@ class SessionRouting:
     ) -> None:
         """Decide `"auto"` once: `GET url` (a router's `/workers`) lists workers or not.
 
-        A request that fails or takes over 5 s leaves the batches mixed and asks
-        again a minute later. Batches that start while it is in flight wait for
+        A request that fails, takes over 5 s, or is answered 401, 403, 408, 429
+        or 5xx leaves the batches mixed and asks again a minute later; any
+        other answer decides for good. Batches that start while it is in flight wait for
         its answer instead of asking too.
         """
         if self._per_session is not None or now < self._detect_after:
@@ -332,7 +337,11 @@ class SessionRouting:
             self._detect_after = now + _DETECT_RETRY_S
             return
         else:
-            self._per_session = is_router_answer(response)
+            if response.status_code in _INCONCLUSIVE or response.status_code >= 500:
+                # Busy, down or refusing us: no answer about what it is. Ask later.
+                self._detect_after = now + _DETECT_RETRY_S
+            else:
+                self._per_session = is_router_answer(response)
         finally:  # the batches waiting on it read the answer (or ask again later)
             self._probe.set_result(None)
             self._probe = None

@@ -288,7 +288,17 @@ async def test_a_failed_probe_mixes_and_asks_again_later(recorder: Recorder) -> 
     assert not routing.per_session
     await routing.resolve(router, url, now=1.0)  # too soon: not asked
     assert not routing.per_session
-    await routing.resolve(router, url, now=61.0)
+    asked: list[int] = []
+    for i, status in enumerate((503, 401, 429)):  # busy or refusing: asked again later
+
+        async def refusing(url: httpx.URL, status: int = status) -> httpx.Response:
+            asked.append(status)
+            return httpx.Response(status, json={"error": "no"})
+
+        await routing.resolve(refusing, url, now=100.0 * (i + 1))
+        assert not routing.per_session
+    assert asked == [503, 401, 429]
+    await routing.resolve(router, url, now=1_000.0)
     assert routing.per_session
     assert routing.group_key(sibling_req(1)) == session_key(sibling_req(1))
 
