@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,20 +131,20 @@ class Recording:
 
 def _call(row: Mapping[str, Any]) -> LLMCall:
     return LLMCall(
-        sibling=int(row["sibling"]),
-        turn=int(row["turn"]),
-        start_s=float(row["start_s"]),
-        end_s=float(row["end_s"]),
-        prompt_tokens=_opt_int(row.get("prompt_tokens")),
-        cached_tokens=_opt_int(row.get("cached_tokens")),
-        output_tokens=_opt_int(row.get("output_tokens")),
-        messages=int(row.get("messages") or 0),
-        prefix_messages=int(row.get("prefix_messages") or 0),
-        first_messages=int(row.get("first_messages") or 0),
-        new=tuple((str(r), str(h), int(c)) for r, h, c in row.get("new") or ()),
+        sibling=_int(row["sibling"]),
+        turn=_int(row["turn"]),
+        start_s=_seconds(row["start_s"]),
+        end_s=_seconds(row["end_s"]),
+        prompt_tokens=_opt_tokens(row.get("prompt_tokens")),
+        cached_tokens=_opt_tokens(row.get("cached_tokens")),
+        output_tokens=_opt_tokens(row.get("output_tokens")),
+        messages=_count(row.get("messages") or 0),
+        prefix_messages=_count(row.get("prefix_messages") or 0),
+        first_messages=_count(row.get("first_messages") or 0),
+        new=tuple((str(r), str(h), _tokens(c)) for r, h, c in row.get("new") or ()),
         tool_calls=tuple((str(n), str(h)) for n, h, *_ in row.get("tool_calls") or ()),
         tools=row.get("tools"),
-        tools_chars=int(row.get("tools_chars") or 0),
+        tools_chars=_count(row.get("tools_chars") or 0),
         finish_reason=row.get("finish_reason"),
         error=row.get("error"),
         model=row.get("model"),
@@ -152,20 +153,59 @@ def _call(row: Mapping[str, Any]) -> LLMCall:
 
 def _tool(row: Mapping[str, Any]) -> ToolRun:
     return ToolRun(
-        sibling=int(row.get("sibling", -1)),
-        turn=int(row.get("turn", -1)),
+        sibling=_int(row.get("sibling", -1)),
+        turn=_int(row.get("turn", -1)),
         name=str(row.get("name") or ""),
         args_hash=str(row.get("args_hash") or ""),
-        start_s=float(row["start_s"]),
-        end_s=float(row["end_s"]),
-        latency_s=float(row["latency_s"]),
-        result_chars=int(row.get("result_chars") or 0),
+        start_s=_seconds(row["start_s"]),
+        end_s=_seconds(row["end_s"]),
+        latency_s=_seconds(row["latency_s"]),
+        result_chars=_count(row.get("result_chars") or 0),
         error=row.get("error"),
     )
 
 
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+MAX_TOKENS = 1 << 24
+"""The most tokens one number of a recording may say (16M: beyond any context window)."""
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"{value!r} is not a whole number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise TypeError(f"{value!r} is not a whole number") from None
+    if not math.isfinite(number) or number != int(number):
+        raise TypeError(f"{value!r} is not a whole number")
+    return int(number)
+
+
+def _count(value: Any) -> int:
+    number = _int(value)
+    if number < 0:
+        raise TypeError(f"{value!r} is negative")
+    return number
+
+
+def _tokens(value: Any) -> int:
+    number = _count(value)
+    if number > MAX_TOKENS:
+        raise TypeError(f"{value!r} tokens is more than any context window ({MAX_TOKENS})")
+    return number
+
+
+def _opt_tokens(value: Any) -> int | None:
+    return None if value is None else _tokens(value)
+
+
+def _seconds(value: Any) -> float:
+    """A time or a duration in seconds: finite and not negative (JSON lets NaN through)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number of seconds")
+    if not math.isfinite(value) or value < 0:
+        raise TypeError(f"{value!r} is not a finite, non-negative number of seconds")
+    return float(value)
 
 
 def parse_lines(lines: Iterable[str]) -> Recording:

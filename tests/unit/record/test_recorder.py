@@ -359,3 +359,28 @@ def test_a_wrong_file_is_refused_without_quoting_it() -> None:
             parse_lines([first])
         assert "sk-live" not in str(info.value)
         assert "private" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("start_s", float("nan"), "seconds"),
+        ("end_s", float("inf"), "seconds"),
+        ("start_s", -1.0, "seconds"),
+        ("prompt_tokens", 10**12, "context window"),
+        ("prompt_tokens", -5, "negative"),
+        ("output_tokens", "many", "whole number"),
+        ("turn", 1.5, "whole number"),
+    ],
+)
+def test_a_number_no_run_could_record_is_refused_with_its_line(
+    field: str, value: object, says: str
+) -> None:
+    # JSON lets NaN and Infinity through: a replay would wait forever or build huge prompts.
+    call = {"type": "llm", "sibling": 0, "turn": 1, "start_s": 0.0, "end_s": 1.0}
+    call[field] = value
+    header = json.dumps({"type": "header", "format": FORMAT, "version": 1})
+    with pytest.raises(ValueError, match=f"line 2: malformed .*{says}"):
+        parse_lines([header, json.dumps(call)])
+    call[field] = {"turn": 2, "prompt_tokens": 100, "output_tokens": 7}.get(field, 0.5)
+    assert len(parse_lines([header, json.dumps(call)]).calls) == 1
