@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from langgraph_batch.backends._factory import backend_from_url, backend_key
 from langgraph_batch.backends._factory import check_api_key as check_api_key
+from langgraph_batch.backends._prometheus import parse_prometheus as parse_prometheus
 from langgraph_batch.backends._session import SessionConfig
 from langgraph_batch.backends.base import (
     Backend,
@@ -35,7 +36,7 @@ from langgraph_batch.backends.sglang import SGLangBackend
 from langgraph_batch.backends.vllm import VLLMBackend
 
 # Also importable from here, for the library's other packages (BatchedChatModel), and not part of
-# `__all__` (no user API): check_api_key.
+# `__all__` (no user API): check_api_key, parse_prometheus (the bench reads a router's metrics).
 __all__ = (
     "Backend",
     "BackendCapabilities",

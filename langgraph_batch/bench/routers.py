@@ -53,6 +53,7 @@ from typing import Any
 import httpx
 
 from langgraph_batch._process import terminate
+from langgraph_batch.backends import parse_prometheus
 from langgraph_batch.bench.toolservice import free_port
 
 ROUTERS: dict[str, tuple[str, ...]] = {
@@ -83,7 +84,6 @@ SESSION_HEADER = "X-Session-ID"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EVENT = re.compile(r'\bevent="?([A-Za-z_]+)"?')
 _REASON = re.compile(r'\breason="?([A-Za-z_]+)"?')
-_SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 @functools.cache
@@ -410,30 +410,20 @@ def session_id(task: str) -> str:
     return "agent-" + hashlib.blake2b(task.encode(), digest_size=8).hexdigest()
 
 
-def _prometheus(text: str) -> dict[str, dict[str, float]]:
-    """`vllm_router_agent_aware_*` series: name -> label text -> value (summed per label)."""
-    out: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm_router_agent_aware_"):
-            continue
-        m = _SERIES.match(line)
-        if m is None:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        series = out.setdefault(m.group(1), {})
-        series[m.group(2) or ""] = series.get(m.group(2) or "", 0.0) + value
-    return out
-
-
-def _by_label(series: Mapping[str, float], label: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for labels, value in series.items():
-        found = re.search(label + r'="([^"]*)"', labels)
-        if found:
-            out[found.group(1)] = out.get(found.group(1), 0.0) + value
+def program_metrics(text: str, *, time_scale: float) -> dict[str, Any]:
+    """The router's program-scheduling metrics in a `/metrics` body: transitions by
+    reason, and its pool's waits (emulated seconds: wall x `time_scale`)."""
+    prom = parse_prometheus(text)
+    transitions: dict[str, float] = {}
+    for labels, value in prom.get("vllm_router_agent_aware_transitions_total"):
+        if "reason" in labels:
+            transitions[labels["reason"]] = transitions.get(labels["reason"], 0.0) + value
+    wait_sum = prom.sum("vllm_router_agent_aware_queue_wait_seconds_sum") or 0.0
+    waits = prom.sum("vllm_router_agent_aware_queue_wait_seconds_count") or 0.0
+    out: dict[str, Any] = {"transitions": {k: int(v) for k, v in sorted(transitions.items())}}
+    out["pool_waits"] = int(waits)
+    out["pool_wait_mean_s"] = round(time_scale * wait_sum / waits, 3) if waits else None
+    out["pool_wait_total_s"] = round(time_scale * wait_sum, 2)
     return out
 
 
@@ -456,18 +446,10 @@ def router_report(router: RouterProcess, *, time_scale: float) -> dict[str, Any]
         "log_events": dict(sorted(router.events.items())),
     }
     try:
-        prom = _prometheus(
-            httpx.get(f"http://127.0.0.1:{router.prometheus_port}/metrics", timeout=10.0).text
-        )
+        text = httpx.get(f"http://127.0.0.1:{router.prometheus_port}/metrics", timeout=10.0).text
     except httpx.HTTPError:
-        prom = {}
-    transitions = _by_label(prom.get("vllm_router_agent_aware_transitions_total", {}), "reason")
-    out["transitions"] = {k: int(v) for k, v in sorted(transitions.items())}
-    wait_sum = sum(prom.get("vllm_router_agent_aware_queue_wait_seconds_sum", {}).values())
-    waits = sum(prom.get("vllm_router_agent_aware_queue_wait_seconds_count", {}).values())
-    out["pool_waits"] = int(waits)
-    out["pool_wait_mean_s"] = round(time_scale * wait_sum / waits, 3) if waits else None
-    out["pool_wait_total_s"] = round(time_scale * wait_sum, 2)
+        text = ""
+    out.update(program_metrics(text, time_scale=time_scale))
     try:
         diag = httpx.get(router.url + "/scheduling/diagnostics", timeout=10.0).json()
     except (httpx.HTTPError, ValueError):

@@ -24,10 +24,8 @@ import asyncio
 import json
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
-from langgraph.graph import START, StateGraph
 
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.emulator import EmulatorConfig
@@ -35,12 +33,9 @@ from langgraph_batch.nodes import SiblingError
 from tests.chaos.conftest import KillableEmulator
 from tests.integration.test_long_horizon import (
     MODEL,
-    AgentState,
-    agent_graph,
     answered,
     fan_out_graph,
-    read,
-    stuck,
+    stuck_first,
     task,
 )
 
@@ -67,18 +62,7 @@ async def test_long_horizon_chaos(
     )
     await asyncio.to_thread(emu.start)
     llm = BatchedChatModel(model=MODEL, base_url=emu.url.replace("http", "vllm", 1), max_retries=6)
-    stuck_agent = agent_graph(llm, [stuck], tool_timeout=1.0)
-    normal_agent = agent_graph(llm, [read])
-
-    async def route(state: AgentState) -> dict[str, Any]:
-        first = str(state["messages"][1].content)
-        agent = stuck_agent if first.startswith("Task 0 ") else normal_agent
-        return dict(await agent.ainvoke(state))
-
-    g = StateGraph(AgentState)
-    g.add_node("route", route)
-    g.add_edge(START, "route")
-    graph = fan_out_graph(g.compile())
+    graph = fan_out_graph(stuck_first(llm, tool_timeout=1.0))
     tasks = [task(0, turns=3), task(1, extra=KV), *(task(i, turns=6) for i in range(2, N))]
     figures = {"siblings": 0, "ok": 0, "failed_typed": 0, "lost": 0, "silently_wrong": 0,
                "hung": 0, "failed_untyped": 0, "restarts": 0, "runs_cancelled": 0}  # fmt: skip

@@ -90,6 +90,22 @@ class Parent(TypedDict, total=False):
     events: Annotated[list[Any], operator.add]
 
 
+def stuck_first(llm: Any, *, tool_timeout: float) -> Any:
+    """The agent graph, but sibling 0 (`Task 0 ...`) calls a tool that never returns."""
+    stuck_agent = agent_graph(llm, [stuck], tool_timeout=tool_timeout)
+    normal_agent = agent_graph(llm, [read])
+
+    async def route(state: AgentState) -> dict[str, Any]:
+        first = str(state["messages"][1].content)
+        agent = stuck_agent if first.startswith("Task 0 ") else normal_agent
+        return dict(await agent.ainvoke(state))
+
+    g = StateGraph(AgentState)
+    g.add_node("route", route)
+    g.add_edge(START, "route")
+    return g.compile()
+
+
 def fan_out_graph(agent: Any) -> Any:
     g = StateGraph(Parent)
     g.add_node(
@@ -196,18 +212,7 @@ async def test_faults_end_at_their_sibling_and_the_ledger_empties(
     # Sibling 0 waits on a tool that never returns (the tools node's timeout ends it);
     # sibling 1's task alone is larger than the whole cache; the rest are ordinary.
     tasks = [task(0, turns=3), task(1, extra=KV_TOKENS), *(task(i) for i in range(2, N))]
-    stuck_agent = agent_graph(llm, [stuck], tool_timeout=2.0)
-    normal_agent = agent_graph(llm, [read])
-
-    async def route(state: AgentState) -> dict[str, Any]:
-        first = str(state["messages"][1].content)
-        agent = stuck_agent if first.startswith("Task 0 ") else normal_agent
-        return dict(await agent.ainvoke(state))
-
-    g = StateGraph(AgentState)
-    g.add_node("route", route)
-    g.add_edge(START, "route")
-    out = await fan_out_graph(g.compile()).ainvoke({"tasks": tasks})
+    out = await fan_out_graph(stuck_first(llm, tool_timeout=2.0)).ainvoke({"tasks": tasks})
     results = out["results"]
     assert isinstance(results[0], SiblingError)
     assert results[0].error_type == "NodeTimeoutError"

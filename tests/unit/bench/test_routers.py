@@ -136,12 +136,16 @@ def test_the_router_log_and_metrics_are_counted() -> None:
         'vllm_router_agent_aware_transitions_total{target="b",reason="program_admit"} 2\n'
         'vllm_router_agent_aware_transitions_total{target="a",reason="ttl_expired"} 1\n'
         "vllm_router_other 5\n"
+        "vllm_router_agent_aware_queue_wait_seconds_sum 0.5\n"
+        "vllm_router_agent_aware_queue_wait_seconds_count 4\n"
     )
-    series = routers._prometheus(text)
-    assert routers._by_label(series["vllm_router_agent_aware_transitions_total"], "reason") == {
-        "program_admit": 5.0,
-        "ttl_expired": 1.0,
+    assert routers.program_metrics(text, time_scale=4.0) == {
+        "transitions": {"program_admit": 5, "ttl_expired": 1},
+        "pool_waits": 4,
+        "pool_wait_mean_s": 0.5,
+        "pool_wait_total_s": 2.0,
     }
+    assert routers.program_metrics("", time_scale=4.0)["pool_wait_mean_s"] is None
 
 
 def test_a_plain_langgraph_agent_names_its_program_in_a_header() -> None:
