@@ -56,6 +56,7 @@ class Serving:
         self.engine = Engine(
             profile=self.profile,
             kv_tokens=config.kv_tokens,
+            block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_batched_tokens=config.max_batched_tokens,
             scheduling_policy=config.scheduling_policy,
