@@ -207,6 +207,10 @@ class Engine:
         self._num_waiting = 0
         self.counters = EngineCounters()
         self.in_flight: ScheduledStep | None = None
+        self.paused = False
+        """vLLM's `PauseState.PAUSED_ALL` (`POST /pause?mode=keep`): no step is
+        scheduled, new requests queue up (`Scheduler.schedule` with a zero
+        token budget)."""
         self.finished_log: deque[Request] = deque(maxlen=200_000)
         self.on_finish: Callable[[Request], None] | None = None
         self.notify: Callable[[Request], None] = _call_listener
@@ -335,6 +339,8 @@ class Engine:
         """
         if self.in_flight is not None:
             raise RuntimeError("commit the step in flight before scheduling another")
+        if self.paused:
+            return None
         budget = self.max_batched_tokens
         # scheduled request id -> tokens: a preempted one gives them back.
         scheduled: dict[int, int] = {}
