@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.cli import build_parser, config_from_args
 from langgraph_batch.emulator.config import EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
@@ -86,3 +87,9 @@ def test_kv_tokens_must_leave_a_usable_block() -> None:
     with pytest.raises(ValueError, match="block_size"):
         EmulatorConfig(block_size=0)
     assert EmulatorConfig(block_size=32, kv_tokens=32, flavor="sglang").kv_tokens == 32
+
+
+def test_max_model_len_is_at_most_the_usable_blocks() -> None:
+    """vLLM refuses `max_model_len` 8192 on 8192 KV tokens of 32 ("estimated ... 8160")."""
+    serving = Serving(EmulatorConfig(kv_tokens=8192, block_size=32, max_model_len=8192))
+    assert serving.max_model_len == 8160
