@@ -113,9 +113,14 @@ class StreamResult:
         """Largest `num_requests_waiting` sampled."""
         return max((w for _, _, w in self.samples), default=0.0)
 
-    def peak_waiting_after(self, t: float) -> float:
-        """Largest `num_requests_waiting` sampled after `t` seconds (a hold's end)."""
-        return max((w for at, _, w in self.samples if at > t), default=0.0)
+    def peak_waiting_while_running(self) -> float:
+        """Largest `num_requests_waiting` sampled while requests run, after the first resume.
+
+        A paused server queues a held phase whole; this is the queue the
+        scheduler leaves once it runs (vLLM updates both gauges after a step).
+        """
+        start = self.resumed[0] if self.resumed else 0.0
+        return max((w for at, r, w in self.samples if at > start and r > 0), default=0.0)
 
     @property
     def peak_running(self) -> float:
