@@ -1,8 +1,10 @@
 """A paged KV cache with prefix caching: vLLM V1's block pool, bookkeeping only.
 
-Each rule below is vLLM's (read in 0.32.0's source, and checked against a
-running vLLM 0.32 engine by `tests/engine/test_rules_*.py`); the file and
-function it comes from are named (paths under `vllm/v1/core/`).
+Each rule below is vLLM's, written from its source (0.33.0, and re-read in
+0.32.0's, where the same functions hold); the file and function it comes
+from are named (paths under `vllm/v1/core/`). The rules a client can observe
+(full-block hits, eviction order, sharing at scheduling, the null block)
+are checked against a running vLLM 0.32 by `tests/engine/test_rules_*.py`.
 
 - Blocks hold `block_size` tokens (16 by default, vLLM's GPU default; the
   CPU engine takes multiples of 32). A block can be shared once it is full:
