@@ -26,16 +26,28 @@ __all__ = (
 class RequestError(Exception):
     """A request the server answers with a vLLM error response."""
 
-    def __init__(self, message: str, *, status: int = 400, err_type: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        err_type: str | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.err_type = err_type
+        self.param = param
         self.headers: dict[str, str] = {}
 
     def response(self) -> JSONResponse:
         """The error as vLLM's JSON."""
         return error_response(
-            str(self), status=self.status, err_type=self.err_type, headers=self.headers or None
+            str(self),
+            status=self.status,
+            err_type=self.err_type,
+            param=self.param,
+            headers=self.headers or None,
         )
 
 

@@ -56,6 +56,7 @@ class Serving:
         self.engine = Engine(
             profile=self.profile,
             kv_tokens=config.kv_tokens,
+            block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_batched_tokens=config.max_batched_tokens,
             scheduling_policy=config.scheduling_policy,
@@ -176,28 +177,57 @@ class Serving:
 
     @property
     def max_model_len(self) -> int:
-        """The longest sequence served: `--max-model-len`, at most the KV cache's capacity.
+        """The longest sequence served: `--max-model-len`, at most the KV cache's usable tokens.
 
-        vLLM refuses to start when its KV cache cannot hold one sequence of
-        `max_model_len` tokens; the emulator serves the longest one its cache
+        vLLM refuses to start when its usable blocks cannot hold one sequence
+        of `max_model_len` tokens (`kv_cache_utils._check_enough_kv_cache_memory`;
+        its estimate counts the null block out: 8,192 KV tokens in blocks of
+        32 serve at most 8,160); the emulator serves the longest one its cache
         holds instead, so that a prompt it could never schedule gets vLLM's
         context-length 400 rather than waiting forever.
         """
-        return min(self.config.max_model_len, self.engine.kv_capacity_tokens)
+        return min(self.config.max_model_len, self.engine.usable_kv_tokens)
 
     def max_tokens(self, body: Mapping[str, Any], prompt_len: int, *, default: int | None) -> int:
-        """Validated max_tokens against max_model_len (vLLM's messages)."""
+        """Validated max_tokens against max_model_len (vLLM's rules and messages).
+
+        vLLM flavour, as vLLM 0.32 (`renderers/params.py`, `_token_len_check`;
+        `entrypoints/serve/utils/api_utils.py`, `get_max_tokens`): a prompt
+        longer than `max_model_len` is a 400 naming `input_tokens`; otherwise
+        `max_tokens` is cut to `max_model_len - prompt` (the answer then ends
+        with `length`), and a result below 1 is a 400 naming `max_tokens` (a
+        prompt of exactly `max_model_len` tokens gets "got 0"). The SGLang
+        flavour refuses a prompt plus `max_tokens` over the limit.
+        """
         mml = self.max_model_len
-        if prompt_len >= mml:
+        vllm = self.config.flavor == "vllm"
+        if vllm and prompt_len > mml:
+            # vLLM's tokenizer may have cut the prompt to one token over: "at least".
+            least = "at least " if prompt_len == mml + 1 else ""
+            raise RequestError(
+                f"This model's maximum context length is {mml} tokens. However, your prompt "
+                f"contains {least}{prompt_len} input tokens, which exceeds this limit even "
+                f"without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt_len})",
+                param="input_tokens",
+            )
+        if not vllm and prompt_len >= mml:
             raise RequestError(
                 f"This model's maximum context length is {mml} tokens. However, your request "
                 f"has {prompt_len} input tokens. Please reduce the length of the input messages."
             )
         raw = body.get("max_completion_tokens", body.get("max_tokens"))
         if raw is None:
-            return default if default is not None else mml - prompt_len
-        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
-            raise RequestError(f"max_tokens must be at least 1, got {raw!r}.")
+            raw = default if default is not None else mml - prompt_len
+        elif not isinstance(raw, int) or isinstance(raw, bool):
+            raise RequestError(f"max_tokens must be an integer, got {raw!r}.", param="max_tokens")
+        if vllm:
+            raw = min(raw, mml - prompt_len)
+        if raw < 1:
+            raise RequestError(
+                f"max_tokens must be at least 1, got {raw}. (parameter=max_tokens, value={raw})",
+                param="max_tokens",
+            )
         if prompt_len + raw > mml:
             raise RequestError(
                 f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. This model's "

@@ -38,7 +38,11 @@ class EmulatorConfig:
     time_scale: float = 1.0
     """Engine seconds per wall second (50 runs 50x faster than the GPU)."""
     kv_tokens: int | None = None
-    """KV capacity in tokens (default: the profile's)."""
+    """KV capacity in tokens (default: the profile's); vLLM's `num_gpu_blocks` is
+    this over `block_size`, one of them the null block."""
+    block_size: int = 16
+    """KV block size in tokens (vLLM's `--block-size`: 16 on GPUs, a multiple of
+    32 on the CPU backend)."""
     max_num_seqs: int = 1024
     max_batched_tokens: int = 8192
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -82,8 +86,14 @@ class EmulatorConfig:
             raise ValueError(f"scenario must be 'agent' or 'echo', got {self.scenario!r}")
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
-        if self.kv_tokens is not None and self.kv_tokens < 16:
-            raise ValueError(f"kv_tokens must be >= 16, got {self.kv_tokens}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        least = 2 * self.block_size if self.flavor == "vllm" else self.block_size
+        if self.kv_tokens is not None and self.kv_tokens < least:
+            raise ValueError(
+                f"kv_tokens must be >= {least} (a usable block besides the null block), "
+                f"got {self.kv_tokens}"
+            )
         for name in ("max_num_seqs", "max_batched_tokens", "max_model_len", "turns"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -116,6 +126,7 @@ class EmulatorConfig:
             f"--flavor={self.flavor}",
             f"--scenario={self.scenario}",
             f"--time-scale={self.time_scale!r}",
+            f"--block-size={self.block_size}",
             f"--max-num-seqs={self.max_num_seqs}",
             f"--max-batched-tokens={self.max_batched_tokens}",
             f"--scheduling-policy={self.scheduling_policy}",

@@ -129,8 +129,10 @@ class Engine:
 
     Args:
         profile: Cost model.
-        kv_tokens: KV capacity in tokens (rounded down to whole blocks, all
-            usable: vLLM's `num_gpu_blocks` also counts its null block).
+        kv_tokens: KV capacity in tokens, rounded down to whole blocks: vLLM's
+            `num_gpu_blocks`. The vLLM flavour sets one of them aside as the
+            null block, as vLLM does; the SGLang flavour uses them all.
+        block_size: Tokens per KV block (vLLM's `--block-size`).
         max_num_seqs: Most requests running at once.
         max_batched_tokens: Token budget of one step.
         scheduling_policy: `fcfs` or `priority` (lower `priority` first).
@@ -154,6 +156,7 @@ class Engine:
         *,
         profile: Profile,
         kv_tokens: int | None = None,
+        block_size: int = BLOCK_SIZE,
         max_num_seqs: int = 1024,
         max_batched_tokens: int = 8192,
         scheduling_policy: Policy = "fcfs",
@@ -177,8 +180,12 @@ class Engine:
                 f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}"
             )
         tokens = profile.kv_tokens if kv_tokens is None else kv_tokens
-        if tokens < BLOCK_SIZE:
-            raise ValueError(f"kv_tokens must be >= {BLOCK_SIZE}, got {tokens}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        null_block = flavor == "vllm"
+        least = block_size * (2 if null_block else 1)
+        if tokens < least:
+            raise ValueError(f"kv_tokens must be >= {least}, got {tokens}")
         self.profile = profile
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
@@ -186,10 +193,13 @@ class Engine:
         self.flavor = flavor
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
+        self.block_size = block_size
         self.kv = KVCache(
-            num_blocks=tokens // BLOCK_SIZE,
+            num_blocks=tokens // block_size,
+            block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             cache_duplicates=flavor == "vllm",
+            null_block=null_block,
         )
         self.running: list[Request] = []
         self._fcfs: deque[Request] = deque()
@@ -197,6 +207,10 @@ class Engine:
         self._num_waiting = 0
         self.counters = EngineCounters()
         self.in_flight: ScheduledStep | None = None
+        self.paused = False
+        """vLLM's `PauseState.PAUSED_ALL` (`POST /pause?mode=keep`): no step is
+        scheduled, new requests queue up (`Scheduler.schedule` with a zero
+        token budget)."""
         self.finished_log: deque[Request] = deque(maxlen=200_000)
         self.on_finish: Callable[[Request], None] | None = None
         self.notify: Callable[[Request], None] = _call_listener
@@ -218,8 +232,17 @@ class Engine:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """KV capacity in tokens."""
-        return self.kv.num_blocks * BLOCK_SIZE
+        """KV capacity in tokens as vLLM reports it: `num_gpu_blocks` x block size.
+
+        The null block counts (vLLM's `kv_cache_size_tokens` and its start-up
+        check of `max_model_len` count it); requests can hold one block less.
+        """
+        return self.kv.num_blocks * self.block_size
+
+    @property
+    def usable_kv_tokens(self) -> int:
+        """Tokens the usable blocks hold (the null block excluded)."""
+        return self.kv.num_usable_blocks * self.block_size
 
     def has_work(self) -> bool:
         """True when a step would schedule something (or requests are pending)."""
@@ -316,6 +339,8 @@ class Engine:
         """
         if self.in_flight is not None:
             raise RuntimeError("commit the step in flight before scheduling another")
+        if self.paused:
+            return None
         budget = self.max_batched_tokens
         # scheduled request id -> tokens: a preempted one gives them back.
         scheduled: dict[int, int] = {}
@@ -416,7 +441,7 @@ class Engine:
             if req is None:
                 break
             hits = kv.find_cached(req) if not req.blocks else []
-            hit_tokens = len(hits) * BLOCK_SIZE
+            hit_tokens = len(hits) * self.block_size
             n = req.num_known_tokens - hit_tokens
             if 0 < threshold < n:
                 n = threshold

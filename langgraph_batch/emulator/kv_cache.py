@@ -1,10 +1,14 @@
 """A paged KV cache with prefix caching: vLLM V1's block pool, bookkeeping only.
 
-Each rule below is vLLM 0.33.0's; the file and function it comes from are
-named (paths under `vllm/v1/core/`).
+Each rule below is vLLM's, written from its source (0.33.0, and re-read in
+0.32.0's, where the same functions hold); the file and function it comes
+from are named (paths under `vllm/v1/core/`). The rules a client can observe
+(full-block hits, eviction order, sharing at scheduling, the null block)
+are checked against a running vLLM 0.32 by `tests/engine/test_rules_*.py`.
 
-- Blocks hold 16 tokens. A block can be shared once it is full: its hash
-  chains the parent block's hash with its 16 token ids, and the first block
+- Blocks hold `block_size` tokens (16 by default, vLLM's GPU default; the
+  CPU engine takes multiples of 32). A block can be shared once it is full:
+  its hash chains the parent block's hash with its token ids, and the first block
   also mixes in the request's `cache_salt` (`kv_cache_utils.py`,
   `hash_block_tokens`; `vllm/v1/request.py`, `Request.block_hashes`).
 - A request's full blocks join the cache when the step that fills them is
@@ -39,11 +43,14 @@ named (paths under `vllm/v1/core/`).
   the missing blocks are counted for all its known tokens, not only the
   first chunk (`KVCacheManager.allocate_slots(full_sequence_must_fit=True)`).
 
+- Block 0 is the null block: vLLM sets it aside (`BlockPool.__init__` pops
+  it off the free queue), so of `num_blocks` (vLLM's `num_gpu_blocks`,
+  KV memory / block bytes) `num_blocks - 1` can be used, and the KV usage
+  is the held share of those (`BlockPool.get_usage`). `null_block=False`
+  (the SGLang flavour) uses them all.
+
 Deliberate simplifications:
 
-- There is no null block. vLLM sets block 0 aside (`BlockPool.__init__`), so
-  its `num_gpu_blocks` is one more than the blocks it can use. Here all
-  `num_blocks` can be used.
 - There is no watermark. vLLM's `SchedulerConfig.watermark` is 0.0 by
   default.
 - There is one KV cache group, of full attention, and the hash block size is
@@ -63,37 +70,54 @@ from langgraph_batch.emulator.request import Request
 __all__ = ("BLOCK_SIZE", "KVCache")
 
 BLOCK_SIZE = 16
+"""The default block size in tokens (vLLM's default on GPUs)."""
 _ROOT_HASH = 0x5EED
-
-
-def _blocks_for(tokens: int) -> int:
-    return -(-tokens // BLOCK_SIZE)
 
 
 class KVCache:
     """Block bookkeeping for one engine.
 
     Args:
-        num_blocks: Capacity in blocks, all of them usable.
+        num_blocks: Capacity in blocks (vLLM's `num_gpu_blocks`), the null
+            block included when `null_block`.
+        block_size: Tokens per block.
         enable_prefix_caching: Share full blocks by hash.
         cache_duplicates: Cache a full block even when a block with the same
             hash is already cached, as vLLM does. False keeps only the first
             copy in the cache, and the others are freed like blocks without a
             hash (the SGLang flavour: its radix tree keeps one copy of a prefix).
+        null_block: Set block 0 aside, as vLLM does.
+
+    Raises:
+        ValueError: fewer than one usable block, or a block size below 1.
     """
 
     def __init__(
-        self, *, num_blocks: int, enable_prefix_caching: bool = True, cache_duplicates: bool = True
+        self,
+        *,
+        num_blocks: int,
+        block_size: int = BLOCK_SIZE,
+        enable_prefix_caching: bool = True,
+        cache_duplicates: bool = True,
+        null_block: bool = False,
     ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        first = 1 if null_block else 0
+        if num_blocks - first < 1:
+            raise ValueError(f"num_blocks must leave a usable block, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
+        self.num_usable_blocks = num_blocks - first
+        """Blocks requests can hold (the null block excluded)."""
+        self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.cache_duplicates = cache_duplicates
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         # Block id -> None, in eviction order (front first): FreeKVCacheBlockQueue.
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict(
+            (b, None) for b in range(first, num_blocks)
+        )
         # Hash -> the earliest cached block with it that is still cached, and
         # the later copies in the order they were cached (BlockHashToBlockMap).
         self._cached: dict[int, int] = {}
@@ -109,8 +133,12 @@ class KVCache:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by requests, 0..1."""
-        return 1.0 - len(self._free) / self.num_blocks
+        """Fraction of the usable blocks held by requests, 0..1 (`BlockPool.get_usage`)."""
+        return 1.0 - len(self._free) / self.num_usable_blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold `tokens` tokens."""
+        return -(-tokens // self.block_size)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -136,15 +164,15 @@ class KVCache:
 
     # -- hashing -------------------------------------------------------------
 
-    @staticmethod
-    def block_hashes(req: Request, num_full_blocks: int) -> list[int]:
+    def block_hashes(self, req: Request, num_full_blocks: int) -> list[int]:
         """The request's block hashes up to `num_full_blocks`, computed once and kept."""
         hashes = req.block_hashes
         ids = req.all_ids
+        size = self.block_size
         parent = hashes[-1] if hashes else hash((_ROOT_HASH, req.cache_salt))
         for i in range(len(hashes), num_full_blocks):
-            start = i * BLOCK_SIZE
-            parent = hash((parent, tuple(ids[start : start + BLOCK_SIZE])))
+            start = i * size
+            parent = hash((parent, tuple(ids[start : start + size])))
             hashes.append(parent)
         return hashes
 
@@ -158,7 +186,7 @@ class KVCache:
         """
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (req.num_known_tokens - 1) // BLOCK_SIZE
+        max_blocks = (req.num_known_tokens - 1) // self.block_size
         if max_blocks <= 0:
             return []
         hits: list[int] = []
@@ -188,12 +216,14 @@ class KVCache:
         """
         if hits:
             have = len(hits)
-            start_tokens = have * BLOCK_SIZE
+            start_tokens = have * self.block_size
         else:
             have = len(req.blocks)
             start_tokens = req.num_computed
-        need = _blocks_for(start_tokens + num_new) - have
-        required = max(need, _blocks_for(req.num_known_tokens) - have) if full_sequence else need
+        need = self.blocks_for(start_tokens + num_new) - have
+        required = (
+            max(need, self.blocks_for(req.num_known_tokens) - have) if full_sequence else need
+        )
         reclaim = sum(1 for b in hits if self._ref[b] == 0) if hits else 0
         if required + reclaim > len(self._free):
             return False
@@ -240,7 +270,7 @@ class KVCache:
         """Put the request's full blocks covering `num_tokens` tokens into the cache."""
         if not self.enable_prefix_caching:
             return
-        full = min(num_tokens // BLOCK_SIZE, len(req.blocks))
+        full = min(num_tokens // self.block_size, len(req.blocks))
         if full <= req.num_registered:
             return
         hashes = self.block_hashes(req, full)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from langgraph_batch.emulator.driver import Histogram
-from langgraph_batch.emulator.kv_cache import BLOCK_SIZE
 
 if TYPE_CHECKING:
     from langgraph_batch.emulator._serving import Serving
@@ -76,8 +75,9 @@ def render_metrics(server: Serving) -> str:
     _one(lines, "vllm:generation_tokens_total", "counter", c.generation_tokens, labels,
          "Number of generation tokens processed.")  # fmt: skip
     cache_labels = {
-        "block_size": str(BLOCK_SIZE),
+        "block_size": str(eng.block_size),
         "num_gpu_blocks": str(eng.kv.num_blocks),
+        "kv_cache_size_tokens": str(eng.kv_capacity_tokens),
         "enable_prefix_caching": str(eng.kv.enable_prefix_caching),
         "cache_dtype": "auto",
         "gpu_memory_utilization": "0.9",

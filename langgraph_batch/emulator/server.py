@@ -84,6 +84,15 @@ class EmulatorServer:
         ]
         if config.flavor == "sglang":
             routes += sglang.routes(self.serving)
+        else:
+            # vLLM's dev-mode routes (VLLM_SERVER_DEV_MODE=1): what a test needs
+            # to queue requests before the first step and to empty the cache.
+            routes += [
+                Route("/pause", self.pause, methods=["POST"]),
+                Route("/resume", self.resume, methods=["POST"]),
+                Route("/is_paused", self.is_paused, methods=["GET"]),
+                Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
+            ]
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
     @property
@@ -167,6 +176,47 @@ class EmulatorServer:
 
         await self.driver.call(reset)
         return JSONResponse({"ok": True})
+
+    async def pause(self, request: HTTPRequest) -> Response:
+        """`POST /pause?mode=keep`: schedule nothing until `/resume`; requests queue up.
+
+        Only vLLM's `keep` mode (`EngineCore.pause_scheduler`: `PAUSED_ALL`,
+        requests frozen in their queues) is emulated; `abort` and `wait` are a 400.
+        """
+        mode = request.query_params.get("mode", "abort")
+        if mode != "keep":
+            return JSONResponse({"error": f"the emulator pauses with mode=keep only, not {mode!r}"},
+                                status_code=400)  # fmt: skip
+
+        def pause() -> None:
+            self.engine.paused = True
+
+        await self.driver.call(pause)
+        return JSONResponse({"status": "paused"})
+
+    async def resume(self, request: HTTPRequest) -> Response:
+        """`POST /resume`: steps go on, the queued requests first."""
+
+        def resume() -> None:
+            self.engine.paused = False
+
+        await self.driver.call(resume)
+        return JSONResponse({"status": "resumed"})
+
+    async def is_paused(self, request: HTTPRequest) -> Response:
+        """`GET /is_paused`."""
+        return JSONResponse({"is_paused": self.engine.paused})
+
+    async def reset_prefix_cache(self, request: HTTPRequest) -> Response:
+        """`POST /reset_prefix_cache`: `{"success": false}` while requests hold blocks (vLLM)."""
+
+        def reset() -> bool:
+            if self.engine.running:
+                return False
+            self.engine.reset_prefix_cache()
+            return True
+
+        return JSONResponse({"success": await self.driver.call(reset)})
 
     async def tokenize(self, request: HTTPRequest) -> Response:
         """`/tokenize`: `{prompt}` or `{messages[, tools]}` -> `{count, max_model_len, tokens}`."""

@@ -3,9 +3,10 @@
 Every expected outcome is derived by hand from vLLM's code, in the test's
 docstring, naming the file and function (paths under `vllm/v1/core/`, and
 `vllm/config/scheduler.py`). Blocks hold 16 tokens; `Bn` is block id n. The
-free queue starts as B0, B1, ... in order. The engines have no null block:
-vLLM's block 0 is set aside, so its numbering is one higher, and nothing else
-changes.
+free queue starts as B1, B2, ... in order: block 0 is the null block, set
+aside as vLLM's `BlockPool.__init__` does, so `_engine(n)` has n + 1 blocks
+of which n are usable (the docstrings below name the usable ones B0..B(n-1)
+by their order in the free queue).
 
 Each engine runs one step at a time through `Engine.schedule`/`commit` on the
 `zero` profile (every step takes no time), so the state between steps can be
@@ -21,7 +22,8 @@ ZERO = get_profile("zero")
 
 
 def _engine(blocks: int, budget: int = 256, **kw: object) -> Engine:
-    return Engine(profile=ZERO, kv_tokens=16 * blocks, max_batched_tokens=budget, **kw)  # type: ignore[arg-type]
+    """An engine with `blocks` usable blocks of 16 tokens (and the null block)."""
+    return Engine(profile=ZERO, kv_tokens=16 * (blocks + 1), max_batched_tokens=budget, **kw)  # type: ignore[arg-type]
 
 
 def _ids(n: int, start: int) -> list[int]:
