@@ -16,6 +16,14 @@
   server without the batch endpoint (404) the backend remembers it and sends
   the requests one by one. Isolation (a bad member fails only its caller) and
   per-member usage are `_batching.py`'s.
+- **Forced tool calls are strict.** When `tool_choice` forces a call (a named
+  tool, `"required"`), each tool that does not state `strict` is sent with
+  `"strict": true` (its `parameters` unchanged). vLLM >= 0.32
+  (`--tool-strict-level auto`, the default) constrains only the call's
+  envelope (`{"name": ..., "arguments": `) for a forced choice, and pins the
+  arguments to the tool's schema only for strict tools: without the flag the
+  model may write any JSON value (a number, a string) as the arguments. A tool
+  marked `strict: false` (`bind_tools(..., strict=False)`) is sent as it is.
 """
 
 from __future__ import annotations
@@ -51,9 +59,11 @@ from langgraph_batch.errors import BackendError, BackendServerError
 __all__ = (
     "MAX_PROMPTS_PER_CALL",
     "VLLMBackend",
+    "forces_tool_call",
     "gather_in_order",
     "is_single_choice",
     "parse_vllm_metrics",
+    "strict_tools",
 )
 
 logger = logging.getLogger(__name__)
@@ -119,6 +129,8 @@ class VLLMBackend(OpenAICompatibleBackend):
             body["priority"] = request.priority
         if not _GUIDED.isdisjoint(body):
             _translate_guided(body)
+        if "tools" in body and forces_tool_call(body.get("tool_choice")):
+            body["tools"] = strict_tools(body["tools"], body["tool_choice"])
         if self._session.hints == "agentic_context":
             xargs = body.get("vllm_xargs")
             xargs = dict(xargs) if isinstance(xargs, dict) else {}
@@ -347,6 +359,44 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
         cache_hit_rate=(hits / queries) if queries and hits is not None else None,
         engines=len(seen_engines) or None,
     )
+
+
+def forces_tool_call(tool_choice: Any) -> bool:
+    """Whether `tool_choice` (the wire field) forces a tool call: `"required"` or a named tool."""
+    if tool_choice == "required":
+        return True
+    return isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+
+
+def strict_tools(tools: Any, tool_choice: Any) -> Any:
+    """`tools` with `"strict": true` on each tool a forced `tool_choice` may call.
+
+    Only tools that do not state `strict` change (copied, not mutated); with a
+    named `tool_choice` only that tool, with `"required"` every tool.
+
+    Example:
+        ```python
+        strict_tools([{"type": "function", "function": {"name": "f"}}], "required")
+        # [{"type": "function", "function": {"name": "f", "strict": True}}]
+        ```
+    """
+    if not isinstance(tools, list):
+        return tools
+    named = None
+    if isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        named = function.get("name") if isinstance(function, dict) else None
+    out = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            isinstance(fn, dict)
+            and "strict" not in fn
+            and (named is None or fn.get("name") == named)
+        ):
+            tool = {**tool, "function": {**fn, "strict": True}}
+        out.append(tool)
+    return out
 
 
 def _translate_guided(body: dict[str, Any]) -> None:

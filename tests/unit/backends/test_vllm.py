@@ -286,3 +286,40 @@ async def test_complete_batch_single_and_empty(recorder: Recorder) -> None:
         out = await b.complete_batch([conv("solo")])
     assert [r.content for r in out] == ["single solo"]
     assert recorder.requests[0].url.path == "/v1/chat/completions"
+
+
+# ------------------------------------------------------------------ forced tool calls are strict
+
+
+def _tool(name: str, **extra: object) -> dict[str, object]:
+    params = {"type": "object", "properties": {"x": {"type": "string"}}, "required": []}
+    return {"type": "function", "function": {"name": name, "parameters": params, **extra}}
+
+
+@pytest.mark.parametrize(
+    ("choice", "strict"),
+    [
+        ({"type": "function", "function": {"name": "a"}}, {"a": True, "b": None, "c": False}),
+        ("required", {"a": True, "b": True, "c": False}),
+        ("auto", {"a": None, "b": None, "c": False}),
+        (None, {"a": None, "b": None, "c": False}),
+    ],
+)
+async def test_tools_a_forced_choice_may_call_go_out_strict(
+    recorder: Recorder, choice: object, strict: dict[str, object]
+) -> None:
+    # vLLM 0.32 pins a forced call's arguments to the schema only for strict tools;
+    # a tool that states strict (here c: False) is left as the caller said.
+    recorder.handler = lambda r: httpx.Response(200, json=completion())
+    tools = [_tool("a"), _tool("b"), _tool("c", strict=False)]
+    params: dict[str, object] = {"tools": tools}
+    if choice is not None:
+        params["tool_choice"] = choice
+    async with make(recorder) as b:
+        await b.chat(req(params=params))
+    sent = recorder.last_body["tools"]
+    assert {t["function"]["name"]: t["function"].get("strict") for t in sent} == strict
+    assert [t["function"]["parameters"] for t in sent] == [
+        t["function"]["parameters"] for t in tools
+    ]
+    assert "strict" not in tools[0]["function"]  # the caller's dicts are not mutated
