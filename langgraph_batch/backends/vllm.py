@@ -322,7 +322,11 @@ class VLLMBackend(OpenAICompatibleBackend):
 
 
 def parse_vllm_metrics(text: str) -> EngineMetrics:
-    """`EngineMetrics` from vLLM's Prometheus text."""
+    """`EngineMetrics` from vLLM's Prometheus text.
+
+    The KV capacity is `vllm:cache_config_info`'s `kv_cache_size_tokens` label
+    where the engine states it (vLLM >= 0.32), else `block_size x num_gpu_blocks`.
+    """
     s = parse_prometheus(text, names=_VLLM_METRICS)
     block_size = None
     capacity = 0
@@ -335,9 +339,12 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
         seen_engines.add(engine)
         size = _int_label(labels, "block_size")
         blocks = _int_label(labels, "num_gpu_blocks")
+        tokens = _int_label(labels, "kv_cache_size_tokens")  # vLLM >= 0.32 states it
         if size is not None:
             block_size = size
-        if size is not None and blocks is not None:
+        if tokens is not None:
+            capacity += tokens
+        elif size is not None and blocks is not None:
             capacity += size * blocks
         flag = labels.get("enable_prefix_caching")
         if flag is not None:

@@ -78,6 +78,7 @@ def render_metrics(server: Serving) -> str:
     cache_labels = {
         "block_size": str(BLOCK_SIZE),
         "num_gpu_blocks": str(eng.kv.num_blocks),
+        "kv_cache_size_tokens": str(eng.kv.num_blocks * BLOCK_SIZE),
         "enable_prefix_caching": str(eng.kv.enable_prefix_caching),
         "cache_dtype": "auto",
         "gpu_memory_utilization": "0.9",

@@ -9,6 +9,7 @@ import pytest
 
 from langgraph_batch.backends import ChatRequest, VLLMBackend
 from langgraph_batch.backends.base import Usage
+from langgraph_batch.backends.vllm import parse_vllm_metrics
 from langgraph_batch.errors import (
     BackendServerError,
     ContextLengthExceededError,
@@ -323,3 +324,14 @@ async def test_tools_a_forced_choice_may_call_go_out_strict(
         t["function"]["parameters"] for t in tools
     ]
     assert "strict" not in tools[0]["function"]  # the caller's dicts are not mutated
+
+
+def test_metrics_capacity_prefers_the_stated_kv_cache_size_tokens() -> None:
+    # vLLM 0.32 states the capacity; it wins over block_size x num_gpu_blocks.
+    text = (
+        'vllm:cache_config_info{block_size="32",engine="0",kv_cache_size_tokens="4064",'
+        'num_gpu_blocks="128"} 1.0\n'
+    )
+    assert parse_vllm_metrics(text).kv_capacity_tokens == 4064
+    older = 'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0\n'
+    assert parse_vllm_metrics(older).kv_capacity_tokens == 1600
