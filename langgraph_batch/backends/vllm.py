@@ -15,7 +15,9 @@
   server's), raw prompts as one `/v1/completions` list-prompt call. On a
   server without the batch endpoint (404) the backend remembers it and sends
   the requests one by one. Isolation (a bad member fails only its caller) and
-  per-member usage are `_batching.py`'s.
+  per-member usage are `_batching.py`'s, except that a list of text prompts
+  asks for `return_token_ids`: each choice's prompt and answer token ids give
+  its exact usage (a list of token-id prompts is exact already).
 - **Forced tool calls are strict.** When `tool_choice` forces a call (a named
   tool, `"required"`), each tool that does not state `strict` is sent with
   `"strict": true` (its `parameters` unchanged). vLLM >= 0.32
@@ -52,6 +54,7 @@ from langgraph_batch.backends.base import (
     ChatRequest,
     ChatResponse,
     EngineMetrics,
+    Usage,
 )
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend, dumps
 from langgraph_batch.errors import BackendError, BackendServerError
@@ -267,6 +270,10 @@ class VLLMBackend(OpenAICompatibleBackend):
         body.update(batch[0].params)
         body["prompt"] = [r.params["prompt"] for r in batch]
         body.pop("stream", None)
+        if isinstance(body["prompt"][0], str):
+            # Each choice then carries its prompt's and answer's token ids: exact usage
+            # per prompt (vLLM >= 0.10.2; the call's usage is one sum over them).
+            body.setdefault("return_token_ids", True)
         self._extend_body(body, shared)
         data = await self._post_json(self._completions_url, dumps(body), shared)
         return self._split_choices(data, batch, message_key=None)
@@ -287,7 +294,8 @@ class VLLMBackend(OpenAICompatibleBackend):
                 else:
                     content = (choice.get(message_key) or {}).get("content")
                 answers.append((content, choice.get("finish_reason")))
-            usages = split_usage(parse_usage(data.get("usage")), batch, answers)
+            total = parse_usage(data.get("usage"))
+            usages = exact_usages(choices, total) or split_usage(total, batch, answers)
             return [
                 ChatResponse(
                     id=f"{base_id}_{i}",
@@ -319,6 +327,32 @@ class VLLMBackend(OpenAICompatibleBackend):
         if response.status_code >= 400:
             raise await self._error(response, self._metrics_url, None)
         return parse_vllm_metrics(response.text)
+
+
+def exact_usages(choices: Sequence[Any], total: Usage | None) -> list[Usage | None] | None:
+    """Each choice's usage from its token ids (`return_token_ids`), when all carry them.
+
+    Args:
+        choices: the call's choices, in member order.
+        total: the call's usage; the exact figures must add up to it.
+
+    Returns:
+        One exact `Usage` per choice (`cached_tokens` unknown: vLLM reports it
+        for the whole call), or None when some choice lacks the ids or they do
+        not add up to the call's usage (then the usage is split instead).
+    """
+    usages: list[Usage | None] = []
+    for choice in choices:
+        prompt, answer = choice.get("prompt_token_ids"), choice.get("token_ids")
+        if not isinstance(prompt, list) or not isinstance(answer, list):
+            return None
+        usages.append(Usage(prompt_tokens=len(prompt), completion_tokens=len(answer)))
+    if total is not None and (
+        sum(u.prompt_tokens for u in usages if u) != total.prompt_tokens
+        or sum(u.completion_tokens for u in usages if u) != total.completion_tokens
+    ):
+        return None
+    return usages
 
 
 def parse_vllm_metrics(text: str) -> EngineMetrics:

@@ -335,3 +335,48 @@ def test_metrics_capacity_prefers_the_stated_kv_cache_size_tokens() -> None:
     assert parse_vllm_metrics(text).kv_capacity_tokens == 4064
     older = 'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0\n'
     assert parse_vllm_metrics(older).kv_capacity_tokens == 1600
+
+
+@pytest.mark.parametrize("adds_up", [True, False])
+async def test_text_prompts_in_one_call_get_exact_usage_from_their_token_ids(
+    recorder: Recorder, adds_up: bool
+) -> None:
+    # vLLM answers return_token_ids with each choice's prompt and answer ids: the
+    # exact per-prompt usage (found on the real engine: the split was an estimate).
+    ids = {"short": ([1], [7, 7]), "a longer prompt": ([1, 2, 3, 4, 5], [8, 8, 8])}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/completions":  # /v1/models: no length pre-filter
+            return httpx.Response(404, json={"detail": "Not Found"})
+        body = json.loads(request.content)
+        choices = [
+            {
+                "index": i,
+                "text": "x",
+                "finish_reason": "length",
+                "prompt_token_ids": ids[p][0],
+                "token_ids": ids[p][1],
+            }
+            for i, p in enumerate(body["prompt"])
+        ]
+        usage = {"prompt_tokens": 6 if adds_up else 9, "completion_tokens": 5}
+        return httpx.Response(
+            200, json={"id": "cmpl-1", "model": "m", "choices": choices, "usage": usage}
+        )
+
+    recorder.handler = handler
+    requests = [
+        req(messages=(), params={"prompt": p, "max_tokens": 3}, batchable=True) for p in ids
+    ]
+    async with make(recorder) as b:
+        out = await b.complete_batch(requests)
+    assert recorder.last_body["return_token_ids"] is True
+    usages = [r.usage for r in out]
+    if adds_up:
+        assert usages == [
+            Usage(prompt_tokens=1, completion_tokens=2),
+            Usage(prompt_tokens=5, completion_tokens=3),
+        ]
+    else:  # the ids do not match the call's totals: the totals are split instead
+        assert all(u is not None and u.estimated for u in usages)
+        assert sum(u.prompt_tokens for u in usages if u) == 9
