@@ -65,7 +65,10 @@ async def wait_metric(
     last: EngineMetrics | None = None
     async with httpx.AsyncClient(timeout=60) as client:  # one connection for the polls
         while time.monotonic() - start < deadline_s:
-            last = await engine_metrics(server, client)
+            try:
+                last = await engine_metrics(server, client)
+            except httpx.TransportError:  # a kept-alive connection the server closed: poll again
+                continue
             if condition(last):
                 return last, time.monotonic() - start
             await asyncio.sleep(0.05)
