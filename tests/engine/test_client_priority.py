@@ -7,14 +7,22 @@ order, through BatchedChatModel. The scheduler's default
 `depth_first` priority gives the later one `priority=-3` (lower runs sooner on
 vLLM). One blocker is cancelled (aborted on the engine): the one place it frees
 goes to the best priority waiting: the conversation three turns along finishes
-first. Each step waits for the engine's own queue counts; an attempt in which
-a blocker ended before the queue was built is void and made again.
+first (or sooner: vLLM 0.32 may preempt a running lower-priority request for
+it as it arrives; it then finishes while both fresh calls still wait). Each
+step waits for the engine's own queue counts; an attempt in which a blocker
+ended before the queue was built is void and made again (3 attempts).
+
+Known weakness (issue 24): on the shared 2-core machine the queue sometimes
+does not build while the blockers run (~40 s): a call the scheduler has sent
+is not seen in `vllm:num_requests_waiting` until a blocker ends. All three
+attempts can then be void and the test fails with "the queue never built up";
+it has never failed on the order itself.
 
 Without priority (every request 0) vLLM 0.32 gave the place to the first
 fresh call in 3 of 5 runs and to the later one in 2: ties are not reliably
 served in arrival order, so there is no "without priority" control here.
 
-The same small engine (16,384 KV tokens, 16,352 usable) then shows a
+The same small engine (32,768 KV tokens, 32,736 usable) then shows a
 preemption as the library reads it.
 """
 
@@ -40,8 +48,8 @@ from tests.faultproxy import FaultProxy
 SMALL = {
     "scheduling_policy": "priority",
     "max_num_seqs": 2,
-    "kv_tokens": 16384,
-    "max_model_len": 9000,
+    "kv_tokens": 32768,
+    "max_model_len": 16640,
 }
 
 
@@ -88,7 +96,7 @@ async def hold(client: httpx.AsyncClient, server: VLLMCPUServer, text: str) -> N
     body = {
         "model": server.model,
         "messages": [{"role": "user", "content": text}],
-        "max_tokens": 8000,  # two of them fit the 16,352 usable KV tokens: no preemption
+        "max_tokens": 16000,  # two of them fit the 32,736 usable KV tokens: no preemption
         "ignore_eos": True,
     }
     # Not streamed: the engine's API process stays free to answer /metrics at once.
@@ -98,14 +106,25 @@ async def hold(client: httpx.AsyncClient, server: VLLMCPUServer, text: str) -> N
 class Void(Exception):
     """An attempt that proves nothing: a blocker ended before the queue was built."""
 
+    def __init__(self, step: str) -> None:
+        super().__init__(step)
+        self.step = step
 
-async def queue_behind(server: VLLMCPUServer, blockers: list[asyncio.Task[None]], n: int) -> None:
-    """Wait until `n` requests wait on the engine while both blockers still run."""
+
+async def queue_behind(
+    server: VLLMCPUServer, blockers: list[asyncio.Task[None]], n: int, call: asyncio.Task[Any]
+) -> None:
+    """Wait until `n` requests wait on the engine while both blockers still run.
+
+    Or until `call` is already answered: vLLM 0.32's priority policy may serve a
+    higher-priority arrival at once, preempting the lowest-priority running
+    request, so it is never seen waiting.
+    """
 
     def ready(m: EngineMetrics) -> bool:
         if any(b.done() for b in blockers):
-            raise Void
-        return m.num_requests_waiting == n and m.num_requests_running == 2
+            raise Void(f"{n} waiting")
+        return call.done() or (m.num_requests_waiting == n and m.num_requests_running == 2)
 
     await wait_metric(server, ready, deadline_s=120, what=f"{n} waiting")
 
@@ -113,18 +132,22 @@ async def queue_behind(server: VLLMCPUServer, blockers: list[asyncio.Task[None]]
 async def run_order(server: VLLMCPUServer, url: str) -> list[str]:
     """Queue low, low, high behind two blockers; free one place; the order of completion.
 
-    The blockers run ~20 s; on a loaded machine the queue may take longer to
+    The blockers run ~40 s; on a loaded machine the queue may take longer to
     build. Such an attempt is void (nothing is asserted on it) and made again.
     """
     llm = model(url)
     await llm.ainvoke("warm up")  # the scheduler and the engine's chat path are ready
+    void: list[str] = []
     try:
         for _ in range(3):
             try:
-                return await attempt(server, llm)
-            except Void:
+                order = await attempt(server, llm)
+                print(f"\npriority: {order} after {len(void)} void attempt(s) {void}")
+                return order
+            except Void as exc:
+                void.append(exc.step)
                 await wait_metric(server, lambda m: m.num_requests_running == 0, what="idle")
-        raise AssertionError("the queue never built up while the blockers ran (3 attempts)")
+        raise AssertionError(f"the queue never built up while the blockers ran: {void}")
     finally:
         await llm.get_scheduler().aclose()
 
@@ -145,7 +168,7 @@ async def attempt(server: VLLMCPUServer, llm: BatchedChatModel) -> list[str]:
                 task = asyncio.create_task(llm.ainvoke(messages))
                 task.add_done_callback(lambda t, name=name: done.append(name))
                 calls[name] = task
-                await queue_behind(server, blockers, n)
+                await queue_behind(server, blockers, n, task)
             blockers[0].cancel()  # one place frees: the engine picks who gets it
             await asyncio.wait(calls.values(), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -169,15 +192,15 @@ async def test_higher_priority_finishes_before_lower_ones_queued_earlier(
 
 
 async def test_preemptions_are_read_from_the_engine(small: VLLMCPUServer) -> None:
-    # Two contexts of 8,500 tokens cannot both stay in 16,352 usable KV tokens: vLLM
+    # Two contexts of 16,500 tokens cannot both stay in 32,736 usable KV tokens: vLLM
     # preempts one (and recomputes it later). Sent past the library, whose KV-aware
     # admission would not send them together; the library reads the count.
     backend = VLLMBackend(small.url)
     before = await backend.metrics()
     assert before is not None
     assert before.num_preemptions_total is not None
-    body = {"model": small.model, "max_tokens": 4500, "ignore_eos": True}
-    prompts = [[100 + (i + j) % 400 for j in range(4000)] for i in range(2)]
+    body = {"model": small.model, "max_tokens": 500, "ignore_eos": True}
+    prompts = [[100 + (i + j) % 400 for j in range(16000)] for i in range(2)]
     async with httpx.AsyncClient(timeout=300) as client:
         answers = await asyncio.gather(
             *(
@@ -185,7 +208,7 @@ async def test_preemptions_are_read_from_the_engine(small: VLLMCPUServer) -> Non
                 for p in prompts
             )
         )
-    assert [a.json()["usage"]["completion_tokens"] for a in answers] == [4500, 4500]
+    assert [a.json()["usage"]["completion_tokens"] for a in answers] == [500, 500]
     after = await backend.metrics()
     assert after is not None
     assert after.num_preemptions_total is not None
