@@ -41,6 +41,7 @@ __all__ = (
     "chunk_to_message_chunk",
     "final_chunk",
     "first_malformed_tool_call",
+    "forced_tool",
     "message_to_openai",
     "messages_to_openai",
     "parse_tool_calls",
@@ -320,39 +321,80 @@ def first_malformed_tool_call(
     return None
 
 
+def forced_tool(tool_choice: Any) -> str | None:
+    """The tool a wire `tool_choice` forces: its name, `""` for `"required"`, None: not forced."""
+    if tool_choice == "required":
+        return ""
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        return name if isinstance(name, str) else ""
+    return None
+
+
+_CONSTRAIN_HINT = (
+    "On vLLM a forced tool_choice (a tool name, 'required') constrains the call; vLLM "
+    ">= 0.32 pins its arguments to the schema only for strict tools, and BatchedChatModel "
+    "sends forced tools as strict unless bind_tools(strict=False). "
+    "invalid_tool_calls='return' hands such calls to the graph."
+)
+
+
 def tool_call_check(
-    tools: Sequence[Any], *, request_id: str | None = None
+    tools: Sequence[Any], *, request_id: str | None = None, tool_choice: Any = None
 ) -> Callable[[ChatResponse], None]:
     """A `Scheduler.submit(check=...)` that raises `MalformedToolCallError` for a bad call.
 
-    The scheduler retries the request on that (retryable) error within
-    `max_retries`; the error raised last counts the malformed responses seen.
+    A response is bad when one of its tool calls is malformed
+    (`first_malformed_tool_call`), or when `tool_choice` forced a call (a named
+    tool, `"required"`) and the response has none: the server's tool parser
+    could not read what the model wrote (vLLM then returns the raw
+    `<tool_call>...` text as content), typically because it was cut off
+    (`finish_reason="length"`). The scheduler retries the request on that
+    (retryable) error within `max_retries`; the error raised last counts the
+    malformed responses seen.
 
     Args:
         tools: the OpenAI tool dicts sent with the request.
         request_id: the request's id (for the error).
+        tool_choice: the request's wire `tool_choice` (None: not sent).
 
     Returns:
         The check: it returns quietly when every tool call is well formed.
     """
     attempts = 0
+    forced = forced_tool(tool_choice)
 
     def check(response: ChatResponse) -> None:
         nonlocal attempts
+        cut = " (the response was cut off: finish_reason 'length', raise max_tokens)"
+        cut = cut if response.finish_reason == "length" else ""
+        why = cut or " (the server's tool parser could not read the output)"
         if not response.tool_calls:
-            return
+            if forced is None:
+                return
+            attempts += 1
+            what = f"tool {forced!r}" if forced else "a tool"
+            raise MalformedToolCallError(
+                f"tool_choice forced a call of {what} but the response has no tool call"
+                f"{why}. Retried within "
+                f"max_retries ({attempts} malformed response(s)). {_CONSTRAIN_HINT}",
+                tool_name=forced,
+                arguments=response.content or "",
+                reason="no tool call although tool_choice forced one",
+                finish_reason=response.finish_reason,
+                attempts=attempts,
+                request_id=request_id,
+            )
         bad = first_malformed_tool_call(response.tool_calls, tools)
         if bad is None:
             return
         attempts += 1
         call, reason = bad
-        cut = " (the response was cut off: finish_reason 'length', raise max_tokens)"
         raise MalformedToolCallError(
-            f"the model called tool {call.name!r} with arguments that {reason}"
-            f"{cut if response.finish_reason == 'length' else ''}: "
+            f"the model called tool {call.name!r} with arguments that {reason}{cut}: "
             f"{call.arguments[:200]!r}. Retried within max_retries ({attempts} malformed "
-            "response(s)). On vLLM, tool_choice='required' or a named tool constrains "
-            "tool-call JSON; invalid_tool_calls='return' hands such calls to the graph.",
+            f"response(s)). {_CONSTRAIN_HINT}",
             tool_name=call.name,
             arguments=call.arguments,
             reason=reason,

@@ -166,7 +166,9 @@ def tool_call_check_for(
     tools = request.params.get("tools")
     if invalid_tool_calls != "raise" or not tools:
         return None
-    return tool_call_check(tools, request_id=request.request_id or None)
+    return tool_call_check(
+        tools, request_id=request.request_id or None, tool_choice=request.params.get("tool_choice")
+    )
 
 
 def record_context(sibling: SiblingInfo, response: ChatResponse) -> None:

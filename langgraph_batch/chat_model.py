@@ -168,8 +168,9 @@ class BatchedChatModel(BaseChatModel):
     noise; counted within `max_retries`), then raise `MalformedToolCallError`.
     `"return"`: return such calls in `AIMessage.invalid_tool_calls`, as `ChatOpenAI`
     does, for graphs that handle them (streams then aggregate as LangChain does).
-    On vLLM a named or `"required"` `tool_choice` constrains the tool-call JSON
-    with structured outputs, which avoids most malformed calls."""
+    So is no call at all under a forced `tool_choice` (a name, `"required"`). vLLM >= 0.32
+    pins a forced call's arguments to the schema only for strict tools: the vLLM backend
+    sends forced tools as strict unless `bind_tools(..., strict=False)`."""
     max_inflight: int = 256
     """Hard cap on requests the shared scheduler keeps on the wire at once (applies
     when this model creates the scheduler). With engine metrics (vLLM, SGLang) the
@@ -327,7 +328,9 @@ class BatchedChatModel(BaseChatModel):
             tools: The tools the model may call.
             tool_choice: `"auto"`, `"none"`, `"required"`, `"any"` (same as
                 required), `True`, a tool name, or an OpenAI dict.
-            strict: Ask for schema-exact arguments (`function.strict`).
+            strict: Ask for schema-exact arguments (`function.strict`). None: not
+                stated (on vLLM, tools a forced `tool_choice` may call are sent
+                strict, schemas unchanged); False: never strict.
             parallel_tool_calls: Set False to allow at most one call per turn.
             response_format: A schema for the final (non-tool) answer, as
                 `create_agent`'s provider strategy passes it.

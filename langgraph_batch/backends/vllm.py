@@ -15,7 +15,17 @@
   server's), raw prompts as one `/v1/completions` list-prompt call. On a
   server without the batch endpoint (404) the backend remembers it and sends
   the requests one by one. Isolation (a bad member fails only its caller) and
-  per-member usage are `_batching.py`'s.
+  per-member usage are `_batching.py`'s, except that a list of text prompts
+  asks for `return_token_ids`: each choice's prompt and answer token ids give
+  its exact usage (a list of token-id prompts is exact already).
+- **Forced tool calls are strict.** When `tool_choice` forces a call (a named
+  tool, `"required"`), each tool that does not state `strict` is sent with
+  `"strict": true` (its `parameters` unchanged). vLLM >= 0.32
+  (`--tool-strict-level auto`, the default) constrains only the call's
+  envelope (`{"name": ..., "arguments": `) for a forced choice, and pins the
+  arguments to the tool's schema only for strict tools: without the flag the
+  model may write any JSON value (a number, a string) as the arguments. A tool
+  marked `strict: false` (`bind_tools(..., strict=False)`) is sent as it is.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from langgraph_batch.backends.base import (
     ChatRequest,
     ChatResponse,
     EngineMetrics,
+    Usage,
 )
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend, dumps
 from langgraph_batch.errors import BackendError, BackendServerError
@@ -51,9 +62,11 @@ from langgraph_batch.errors import BackendError, BackendServerError
 __all__ = (
     "MAX_PROMPTS_PER_CALL",
     "VLLMBackend",
+    "forces_tool_call",
     "gather_in_order",
     "is_single_choice",
     "parse_vllm_metrics",
+    "strict_tools",
 )
 
 logger = logging.getLogger(__name__)
@@ -119,6 +132,8 @@ class VLLMBackend(OpenAICompatibleBackend):
             body["priority"] = request.priority
         if not _GUIDED.isdisjoint(body):
             _translate_guided(body)
+        if "tools" in body and forces_tool_call(body.get("tool_choice")):
+            body["tools"] = strict_tools(body["tools"], body["tool_choice"])
         if self._session.hints == "agentic_context":
             xargs = body.get("vllm_xargs")
             xargs = dict(xargs) if isinstance(xargs, dict) else {}
@@ -255,6 +270,10 @@ class VLLMBackend(OpenAICompatibleBackend):
         body.update(batch[0].params)
         body["prompt"] = [r.params["prompt"] for r in batch]
         body.pop("stream", None)
+        if isinstance(body["prompt"][0], str):
+            # Each choice then carries its prompt's and answer's token ids: exact usage
+            # per prompt (vLLM >= 0.10.2; the call's usage is one sum over them).
+            body.setdefault("return_token_ids", True)
         self._extend_body(body, shared)
         data = await self._post_json(self._completions_url, dumps(body), shared)
         return self._split_choices(data, batch, message_key=None)
@@ -275,7 +294,8 @@ class VLLMBackend(OpenAICompatibleBackend):
                 else:
                     content = (choice.get(message_key) or {}).get("content")
                 answers.append((content, choice.get("finish_reason")))
-            usages = split_usage(parse_usage(data.get("usage")), batch, answers)
+            total = parse_usage(data.get("usage"))
+            usages = exact_usages(choices, total) or split_usage(total, batch, answers)
             return [
                 ChatResponse(
                     id=f"{base_id}_{i}",
@@ -309,8 +329,38 @@ class VLLMBackend(OpenAICompatibleBackend):
         return parse_vllm_metrics(response.text)
 
 
+def exact_usages(choices: Sequence[Any], total: Usage | None) -> list[Usage | None] | None:
+    """Each choice's usage from its token ids (`return_token_ids`), when all carry them.
+
+    Args:
+        choices: the call's choices, in member order.
+        total: the call's usage; the exact figures must add up to it.
+
+    Returns:
+        One exact `Usage` per choice (`cached_tokens` unknown: vLLM reports it
+        for the whole call), or None when some choice lacks the ids or they do
+        not add up to the call's usage (then the usage is split instead).
+    """
+    usages: list[Usage | None] = []
+    for choice in choices:
+        prompt, answer = choice.get("prompt_token_ids"), choice.get("token_ids")
+        if not isinstance(prompt, list) or not isinstance(answer, list):
+            return None
+        usages.append(Usage(prompt_tokens=len(prompt), completion_tokens=len(answer)))
+    if total is not None and (
+        sum(u.prompt_tokens for u in usages if u) != total.prompt_tokens
+        or sum(u.completion_tokens for u in usages if u) != total.completion_tokens
+    ):
+        return None
+    return usages
+
+
 def parse_vllm_metrics(text: str) -> EngineMetrics:
-    """`EngineMetrics` from vLLM's Prometheus text."""
+    """`EngineMetrics` from vLLM's Prometheus text.
+
+    The KV capacity is `vllm:cache_config_info`'s `kv_cache_size_tokens` label
+    where the engine states it (vLLM >= 0.32), else `block_size x num_gpu_blocks`.
+    """
     s = parse_prometheus(text, names=_VLLM_METRICS)
     block_size = None
     capacity = 0
@@ -323,9 +373,12 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
         seen_engines.add(engine)
         size = _int_label(labels, "block_size")
         blocks = _int_label(labels, "num_gpu_blocks")
+        tokens = _int_label(labels, "kv_cache_size_tokens")  # vLLM >= 0.32 states it
         if size is not None:
             block_size = size
-        if size is not None and blocks is not None:
+        if tokens is not None:
+            capacity += tokens
+        elif size is not None and blocks is not None:
             capacity += size * blocks
         flag = labels.get("enable_prefix_caching")
         if flag is not None:
@@ -347,6 +400,44 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
         cache_hit_rate=(hits / queries) if queries and hits is not None else None,
         engines=len(seen_engines) or None,
     )
+
+
+def forces_tool_call(tool_choice: Any) -> bool:
+    """Whether `tool_choice` (the wire field) forces a tool call: `"required"` or a named tool."""
+    if tool_choice == "required":
+        return True
+    return isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+
+
+def strict_tools(tools: Any, tool_choice: Any) -> Any:
+    """`tools` with `"strict": true` on each tool a forced `tool_choice` may call.
+
+    Only tools that do not state `strict` change (copied, not mutated); with a
+    named `tool_choice` only that tool, with `"required"` every tool.
+
+    Example:
+        ```python
+        strict_tools([{"type": "function", "function": {"name": "f"}}], "required")
+        # [{"type": "function", "function": {"name": "f", "strict": True}}]
+        ```
+    """
+    if not isinstance(tools, list):
+        return tools
+    named = None
+    if isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        named = function.get("name") if isinstance(function, dict) else None
+    out = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            isinstance(fn, dict)
+            and "strict" not in fn
+            and (named is None or fn.get("name") == named)
+        ):
+            tool = {**tool, "function": {**fn, "strict": True}}
+        out.append(tool)
+    return out
 
 
 def _translate_guided(body: dict[str, Any]) -> None:

@@ -240,3 +240,6 @@ class RequestAttempts:
         elif item.state == RUNNING and not item.in_batch:
             # Granted but never started: give the slot straight back.
             self._dispatch.release(item, Outcome.CANCELLED)
+        elif item.state == RUNNING:
+            # In a batched call: abort the call once none of its members waits.
+            self._dispatch.abandon(item)

@@ -7,6 +7,12 @@ call), starts one task per batch (`complete_batch_settled`, which resolves
 every member's future with its own response or error), arms a timer for open
 batch windows, and polls the engine's metrics. It never polls in a loop.
 
+A batched call is one HTTP request, which the engine aborts only as a whole
+(vLLM aborts a request whose client disconnects). When the callers of every
+member of a batch have been cancelled (`abandon`), the batch task is
+cancelled, which closes its connection: the engine stops generating for
+nobody. While at least one member still waits, the call runs on.
+
 `DispatchLoop` is a collaborator of the `Scheduler`: it is given the backend,
 the policy, the policy core, the stats and the scheduler's `Lifecycle`, and
 owns what it alone touches (the event loop, the runner task, its wake-up
@@ -64,6 +70,8 @@ class DispatchLoop:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._batch_tasks: set[asyncio.Task[None]] = set()
+        self._batch_of: dict[PolicyItem, asyncio.Task[None]] = {}
+        self._members: dict[asyncio.Task[None], list[PolicyItem]] = {}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the scheduler in `loop` and start the runner task there."""
@@ -151,7 +159,10 @@ class DispatchLoop:
                         self._stats.record_batch(len(live))
                         task = loop.create_task(self._run_batch(live))
                         self._batch_tasks.add(task)
-                        task.add_done_callback(self._batch_tasks.discard)
+                        task.add_done_callback(self._batch_done)
+                        self._members[task] = live
+                        for item in live:
+                            self._batch_of[item] = task
                 if plan.wake_at != self._timer_at:
                     if self._timer is not None:
                         self._timer.cancel()
@@ -184,6 +195,19 @@ class DispatchLoop:
             if not self._life.opened:
                 self.release_loop()
 
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._batch_tasks.discard(task)
+        for item in self._members.pop(task, ()):
+            self._batch_of.pop(item, None)
+
+    def abandon(self, item: PolicyItem) -> None:
+        """A batched item's caller was cancelled: abort the call once no member waits for it."""
+        task = self._batch_of.get(item)
+        if task is None or task.done():
+            return
+        if all(m.future is None or m.future.done() for m in self._members.get(task, ())):
+            task.cancel()
+
     def _timer_fired(self) -> None:
         self._timer = None
         self._timer_at = None
@@ -202,7 +226,8 @@ class DispatchLoop:
                     f"requests ({type(self._backend).__name__} breaks the Backend contract)"
                 )
         except asyncio.CancelledError:
-            # The scheduler is closing or dead: members get its refusal.
+            # The scheduler is closing or dead (members get its refusal), or every
+            # member's caller was cancelled (`abandon`: no future is left to resolve).
             for item in batch:
                 self.release(item, Outcome.CANCELLED)
                 if not item.future.done():

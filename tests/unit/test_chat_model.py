@@ -309,7 +309,8 @@ async def test_failed_call_does_not_advance_turn() -> None:
 
 
 async def test_bind_tools_tool_choice_and_passthrough() -> None:
-    llm, backend = make()
+    # The fake answers text: "return" keeps a forced choice without a call from raising.
+    llm, backend = make(invalid_tool_calls="return")
     await llm.bind_tools([search], tool_choice="any", parallel_tool_calls=False).ainvoke("q")
     await llm.bind_tools([search], tool_choice="search", strict=True).ainvoke("q")
     await llm.bind_tools([search]).ainvoke("q")

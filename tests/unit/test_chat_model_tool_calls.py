@@ -173,3 +173,62 @@ def test_schema_checks(name: str, args: str, problem: str | None) -> None:
     else:
         assert found is not None
         assert found[1].startswith(problem)
+
+
+# ------------------------------------------------------------------ forced tool_choice, no call
+
+
+def text_replies(*contents: str, finish_reason: str = "length") -> Any:
+    it = iter(contents)
+
+    def script(request: ChatRequest) -> Reply:
+        return Reply(content=next(it), finish_reason=finish_reason)
+
+    return script
+
+
+@pytest.mark.parametrize(("choice", "tool_name"), [("lookup", "lookup"), ("any", ""), (True, "")])
+async def test_a_forced_choice_answered_without_a_call_is_malformed(
+    choice: Any, tool_name: str
+) -> None:
+    # vLLM 0.32 returns the raw `<tool_call>...` text as content, with no tool
+    # call, when its parser cannot read what the model wrote (here: cut off).
+    cut = '<tool_call>{"name": "lookup", "arguments": 12345'
+    llm, backend = make(text_replies(cut, cut), max_retries=1)
+    with pytest.raises(MalformedToolCallError, match="no tool call") as info:
+        await llm.bind_tools([lookup], tool_choice=choice).ainvoke("q")
+    err = info.value
+    assert (err.tool_name, err.attempts, err.finish_reason) == (tool_name, 2, "length")
+    assert err.reason == "no tool call although tool_choice forced one"
+    assert err.arguments == cut
+    assert "cut off" in str(err)
+    assert len(backend.requests) == 2
+    await llm.get_scheduler().aclose()
+
+
+async def test_a_forced_choice_retried_into_a_call_succeeds() -> None:
+    answers = iter([Reply(content="<tool_call>{", finish_reason="length"), None])
+
+    def script(request: ChatRequest) -> Reply:
+        reply = next(answers)
+        return reply or Reply(tool_calls=[("lookup", '{"key": "k"}')], finish_reason="stop")
+
+    llm, _ = make(script, max_retries=1)
+    msg = await llm.bind_tools([lookup], tool_choice="lookup").ainvoke("q")
+    assert msg.tool_calls[0]["args"] == {"key": "k"}
+    await llm.get_scheduler().aclose()
+
+
+@pytest.mark.parametrize("choice", [None, "auto", "none"])
+async def test_text_without_a_call_is_fine_when_no_call_was_forced(choice: Any) -> None:
+    llm, _ = make(text_replies("just text", finish_reason="stop"))
+    msg = await llm.bind_tools([lookup], tool_choice=choice).ainvoke("q")
+    assert (msg.content, msg.tool_calls) == ("just text", [])
+    await llm.get_scheduler().aclose()
+
+
+async def test_a_forced_choice_without_a_call_is_returned_as_is_when_asked() -> None:
+    llm, _ = make(text_replies("<tool_call>{"), invalid_tool_calls="return")
+    msg = await llm.bind_tools([lookup], tool_choice="lookup").ainvoke("q")
+    assert (msg.content, msg.tool_calls) == ("<tool_call>{", [])
+    await llm.get_scheduler().aclose()

@@ -9,6 +9,7 @@ import pytest
 
 from langgraph_batch.backends import ChatRequest, VLLMBackend
 from langgraph_batch.backends.base import Usage
+from langgraph_batch.backends.vllm import parse_vllm_metrics
 from langgraph_batch.errors import (
     BackendServerError,
     ContextLengthExceededError,
@@ -286,3 +287,96 @@ async def test_complete_batch_single_and_empty(recorder: Recorder) -> None:
         out = await b.complete_batch([conv("solo")])
     assert [r.content for r in out] == ["single solo"]
     assert recorder.requests[0].url.path == "/v1/chat/completions"
+
+
+# ------------------------------------------------------------------ forced tool calls are strict
+
+
+def _tool(name: str, **extra: object) -> dict[str, object]:
+    params = {"type": "object", "properties": {"x": {"type": "string"}}, "required": []}
+    return {"type": "function", "function": {"name": name, "parameters": params, **extra}}
+
+
+@pytest.mark.parametrize(
+    ("choice", "strict"),
+    [
+        ({"type": "function", "function": {"name": "a"}}, {"a": True, "b": None, "c": False}),
+        ("required", {"a": True, "b": True, "c": False}),
+        ("auto", {"a": None, "b": None, "c": False}),
+        (None, {"a": None, "b": None, "c": False}),
+    ],
+)
+async def test_tools_a_forced_choice_may_call_go_out_strict(
+    recorder: Recorder, choice: object, strict: dict[str, object]
+) -> None:
+    # vLLM 0.32 pins a forced call's arguments to the schema only for strict tools;
+    # a tool that states strict (here c: False) is left as the caller said.
+    recorder.handler = lambda r: httpx.Response(200, json=completion())
+    tools = [_tool("a"), _tool("b"), _tool("c", strict=False)]
+    params: dict[str, object] = {"tools": tools}
+    if choice is not None:
+        params["tool_choice"] = choice
+    async with make(recorder) as b:
+        await b.chat(req(params=params))
+    sent = recorder.last_body["tools"]
+    assert {t["function"]["name"]: t["function"].get("strict") for t in sent} == strict
+    assert [t["function"]["parameters"] for t in sent] == [
+        t["function"]["parameters"] for t in tools
+    ]
+    assert "strict" not in tools[0]["function"]  # the caller's dicts are not mutated
+
+
+def test_metrics_capacity_prefers_the_stated_kv_cache_size_tokens() -> None:
+    # vLLM 0.32 states the capacity; it wins over block_size x num_gpu_blocks.
+    text = (
+        'vllm:cache_config_info{block_size="32",engine="0",kv_cache_size_tokens="4064",'
+        'num_gpu_blocks="128"} 1.0\n'
+    )
+    assert parse_vllm_metrics(text).kv_capacity_tokens == 4064
+    older = 'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0\n'
+    assert parse_vllm_metrics(older).kv_capacity_tokens == 1600
+
+
+@pytest.mark.parametrize("adds_up", [True, False])
+async def test_text_prompts_in_one_call_get_exact_usage_from_their_token_ids(
+    recorder: Recorder, adds_up: bool
+) -> None:
+    # vLLM answers return_token_ids with each choice's prompt and answer ids: the
+    # exact per-prompt usage (found on the real engine: the split was an estimate).
+    ids = {"short": ([1], [7, 7]), "a longer prompt": ([1, 2, 3, 4, 5], [8, 8, 8])}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/completions":  # /v1/models: no length pre-filter
+            return httpx.Response(404, json={"detail": "Not Found"})
+        body = json.loads(request.content)
+        choices = [
+            {
+                "index": i,
+                "text": "x",
+                "finish_reason": "length",
+                "prompt_token_ids": ids[p][0],
+                "token_ids": ids[p][1],
+            }
+            for i, p in enumerate(body["prompt"])
+        ]
+        usage = {"prompt_tokens": 6 if adds_up else 9, "completion_tokens": 5}
+        return httpx.Response(
+            200, json={"id": "cmpl-1", "model": "m", "choices": choices, "usage": usage}
+        )
+
+    recorder.handler = handler
+    requests = [
+        req(messages=(), params={"prompt": p, "max_tokens": 3}, batchable=True) for p in ids
+    ]
+    async with make(recorder) as b:
+        out = await b.complete_batch(requests)
+    assert recorder.last_body["return_token_ids"] is True
+    usages = [r.usage for r in out]
+    if adds_up:
+        assert usages == [
+            Usage(prompt_tokens=1, completion_tokens=2),
+            Usage(prompt_tokens=5, completion_tokens=3),
+        ]
+    else:  # the ids do not match the call's totals: the totals are split instead
+        assert all(u is not None and u.estimated for u in usages)
+        assert sum(u.prompt_tokens for u in usages if u) == 9
