@@ -13,6 +13,7 @@ import random
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from langgraph_batch.bench._scaled import scaled_workloads
 from langgraph_batch.bench.routers import split_router
 from langgraph_batch.bench.toolservice import ToolServiceConfig
 from langgraph_batch.emulator.config import EmulatorConfig
@@ -597,9 +598,8 @@ def params(wl: Workload, *, n: int, seed: int, time_scale: float) -> dict[str, A
 
 
 # The scaled workloads (W1s, W3s, W8s: the cpu-tiny engine's sizes) live in their own
-# module; it imports `Workload` from here, so it is imported last.
-from langgraph_batch.bench._scaled import SCALED_WORKLOADS  # noqa: E402
-
+# module, which imports nothing from this one.
+SCALED_WORKLOADS = scaled_workloads(Workload, LONG_HORIZON_BOUNDED)
 WORKLOADS.update(SCALED_WORKLOADS)
 FULL_SIZE: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in SCALED_WORKLOADS)
 """What `bench all` runs: the workloads at their own sizes (the scaled ones by name)."""

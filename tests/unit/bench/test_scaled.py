@@ -7,7 +7,7 @@ import json
 import pytest
 
 from langgraph_batch.bench import cli, goals, report
-from langgraph_batch.bench._scaled import SCALED_KV_TOKENS, SCALED_WORKLOADS
+from langgraph_batch.bench._scaled import SCALED_IDS, SCALED_KV_TOKENS
 from langgraph_batch.bench.contenders import _common, _graph
 from langgraph_batch.bench.contenders.kv_bound import agent_turns, agents_bound
 from langgraph_batch.bench.workloads import (
@@ -22,9 +22,9 @@ from langgraph_batch.emulator.scenarios import call_key
 
 
 def test_scaled_workloads_are_named_but_not_in_bench_all() -> None:
-    assert set(SCALED_WORKLOADS) == {"W1s", "W3s", "W8s"}
-    assert all(w in WORKLOADS for w in SCALED_WORKLOADS)
-    assert not set(FULL_SIZE) & set(SCALED_WORKLOADS)
+    assert set(SCALED_IDS) == {"W1s", "W3s", "W8s"}
+    assert all(w in WORKLOADS for w in SCALED_IDS)
+    assert not set(FULL_SIZE) & set(SCALED_IDS)
     assert "W8" in FULL_SIZE
     args = cli.parse_args(["W8s", "--server", "vllm://h:1", "--model", "m", "--engine-name", "x"])
     assert args.workload == "W8s"
