@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--scheduling-policy", choices=("fcfs", "priority"), default=defaults.scheduling_policy
     )
+    serve.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument(
         "--env",
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             scheduling_policy=args.scheduling_policy,
+            max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
             env=tuple((k, v) for k, _, v in (e.partition("=") for e in args.env)),
         )
