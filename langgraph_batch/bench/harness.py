@@ -503,21 +503,6 @@ def _live_prompts(wl: Workload, n: int, seed: int, sizer: live.Sizer) -> tuple[s
     return texts[0], texts[1:]
 
 
-def _tool_tokens_per_word(wl: Workload, sizer: live.Sizer) -> float:
-    """The live server's tokens per word of this workload's tool results (1.0 if unknown).
-
-    Tool results are sized in the emulator's tokens, one per word; a tokenizer that
-    splits the words (the CPU engine's tiny one: ~3 tokens a word) would otherwise get
-    results several times the workload's size.
-    """
-    from langgraph_batch.bench.toolservice import result_text, result_text_tokens
-
-    text = result_text_tokens("probe", 400) if wl.tool_result_tokens_range else None
-    text = text or result_text("probe", 400)
-    ratio = asyncio.run(sizer.tokens_per_word(text))
-    return round(ratio, 4) if ratio else 1.0
-
-
 def _run_live(
     wl: Workload,
     *,
@@ -550,7 +535,10 @@ def _run_live(
         warnings.append(f"{target.url} has no /tokenize: prompts sized at one token per word")
     with ExitStack() as stack:
         tools = tool_config(wl, 1.0, seed)
-        tools = dataclasses.replace(tools, tokens_per_word=_tool_tokens_per_word(wl, sizer))
+        tools = dataclasses.replace(
+            tools,
+            tokens_per_word=live.tool_tokens_per_word(sizer, bool(wl.tool_result_tokens_range)),
+        )
         identity["tool_tokens_per_word"] = tools.tokens_per_word
         tool_url = stack.enter_context(tool_service(tools))
         for name in contenders:

@@ -223,6 +223,21 @@ class Sizer:
             return list(await asyncio.gather(*(one(h, n, r) for h, n, r in specs)))
 
 
+def tool_tokens_per_word(sizer: Sizer, sized_in_tokens: bool) -> float:
+    """The server's tokens per word of the tool results' vocabulary (1.0 if unknown).
+
+    Tool results are sized in the emulator's tokens, one per word; a tokenizer that
+    splits the words (the CPU engine's tiny one: 3-4 tokens a word) would otherwise
+    get results several times the workload's size. `sized_in_tokens`: the workload
+    sizes results in tokens (`result_text_tokens`'s words), else in words.
+    """
+    from langgraph_batch.bench.toolservice import result_text, result_text_tokens
+
+    text = result_text_tokens("probe", 400) if sized_in_tokens else result_text("probe", 400)
+    ratio = asyncio.run(sizer.tokens_per_word(text))
+    return round(ratio, 4) if ratio else 1.0
+
+
 def metrics(target_url: str, *, timeout: float = 30.0) -> dict[str, float]:
     """The server's `/metrics`, parsed (`{}` when it has none)."""
     try:

@@ -475,13 +475,10 @@ def emulator_settings(wl: Workload) -> dict[str, Any]:
     # without one (the contenders' warm-up) makes one tool call, then answers.
     turns = 1 if wl.simulation else 2 if wl.turns_range is not None else wl.turns
     out: dict[str, Any] = {"turns": turns, "output_tokens": wl.final_tokens}
-    # The profile's engine limits (cpu-tiny: vLLM CPU's 2,048-token budget), where they
-    # are not the emulator's defaults.
-    profile = get_profile(wl.profile)
-    defaults = {f.name: f.default for f in fields(EmulatorConfig)}
-    for name in ("max_batched_tokens", "max_num_seqs"):
-        if getattr(profile, name) != defaults[name]:
-            out[name] = getattr(profile, name)
+    # The profile's engine limits where they are not the emulator's defaults (cpu-tiny).
+    profile, defaults = get_profile(wl.profile), {f.name: f.default for f in fields(EmulatorConfig)}
+    out |= {n: getattr(profile, n) for n in ("max_batched_tokens", "max_num_seqs")
+            if getattr(profile, n) != defaults[n]}  # fmt: skip
     if wl.max_model_len is not None:
         out["max_model_len"] = wl.max_model_len
     return out
@@ -532,8 +529,7 @@ def make_job(
         "tools": list(TOOL_SPECS) if wl.tools else [],
         "response_schema": None if live is not None else response_schema(wl),
         "forced_shapes": forced,
-        # Forced shapes pin each tool call to the sibling's key (its n-th call to
-        # `<key>.<n>`, as the emulated model does): every value a call may take.
+        # Every value a forced call may take (a sibling's n-th call: `<key>.<n>`).
         "tool_keys": sorted(
             {call_key(wl.key(i), c) for i in range(n) for c in range(wl.turns_for(i, seed) - 1)}
         )
@@ -597,9 +593,7 @@ def params(wl: Workload, *, n: int, seed: int, time_scale: float) -> dict[str, A
     return p
 
 
-# The scaled workloads (W1s, W3s, W8s: the cpu-tiny engine's sizes) live in their own
-# module, which imports nothing from this one.
 SCALED_WORKLOADS = scaled_workloads(Workload, LONG_HORIZON_BOUNDED)
 WORKLOADS.update(SCALED_WORKLOADS)
 FULL_SIZE: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in SCALED_WORKLOADS)
-"""What `bench all` runs: the workloads at their own sizes (the scaled ones by name)."""
+"""What `bench all` runs: not W1s, W3s, W8s (`_scaled.py`, the cpu-tiny engine's sizes)."""
