@@ -20,10 +20,8 @@ priced with `cpu-tiny` too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from langgraph_batch.bench.workloads import Workload
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ("SCALED_IDS", "SCALED_KV_TOKENS", "SCALED_MAX_MODEL_LEN", "scaled_workloads")
 
@@ -43,8 +41,8 @@ longest context stays well under it."""
 
 
 def scaled_workloads(
-    workload: type[Workload], long_horizon_bounded: tuple[str, ...]
-) -> dict[str, Workload]:
+    workload: Callable[..., Any], long_horizon_bounded: tuple[str, ...]
+) -> dict[str, Any]:
     """The scaled workloads (`workloads.py` registers them; it passes its `Workload` class
     and W8's naive-bounded sweep, so this module imports nothing from it)."""
     return {
