@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test test-engine engine-install docs lint type format unit integration standard chaos bench emulate clean redis-server
+.PHONY: demo test test-engine engine-install docs lint type format unit integration standard chaos bench bench-engine emulate clean redis-server
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -88,6 +88,17 @@ type: $(VENV)/.installed
 ## All benchmark workloads at full size (see benchmarks/README.md).
 bench: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch bench all --out benchmarks/results
+
+## The scaled workloads (W1s, W3s, W8s) on the real CPU engine (started here), then on the
+## emulator with its cpu-tiny profile -> benchmarks/results/engine/ (COMPARE.md). Any other
+## server, the same jobs: BENCH_SERVER=vllm://host:port BENCH_MODEL=name
+## BENCH_ENGINE_NAME='what it runs' make bench-engine (vLLM 0.32: start it with
+## VLLM_ENFORCE_STRICT_TOOL_CALLING=0, as deploy/vllm/bench.sh does).
+BENCH_SERVER ?=
+BENCH_MODEL ?=
+BENCH_ENGINE_NAME ?=
+bench-engine: $(if $(BENCH_SERVER),$(VENV)/.installed,engine-install)
+	$(PY) -m benchmarks.bench_engine --out benchmarks/results/engine $(if $(BENCH_SERVER),--server $(BENCH_SERVER) --model $(BENCH_MODEL) --engine-name '$(BENCH_ENGINE_NAME)' --no-emulator,)
 
 emulate: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch emulate

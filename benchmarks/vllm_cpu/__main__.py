@@ -43,7 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--scheduling-policy", choices=("fcfs", "priority"), default=defaults.scheduling_policy
     )
+    serve.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
     serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable of the server (repeatable), e.g. "
+        "VLLM_ENFORCE_STRICT_TOOL_CALLING=0, which the bench's forced tool turn needs "
+        "(benchmarks/README.md, 'Live servers')",
+    )
     serve.add_argument("--port", type=int, default=0, help="0: a free port")
     args = parser.parse_args(argv)
     try:
@@ -57,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             scheduling_policy=args.scheduling_policy,
+            max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
+            env=tuple((k, v) for k, _, v in (e.partition("=") for e in args.env)),
         )
         server = VLLMCPUServer(config, port=args.port or None)
         with server:

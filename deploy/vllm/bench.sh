@@ -40,4 +40,9 @@ args=(
   # /metrics must stay on (no --disable-log-stats): the benchmark reads its deltas.
 )
 
+# vLLM 0.32 builds a named tool_choice's constraint itself (a structural tag that lets
+# random weights pad the JSON with whitespace) unless this is 0; then the bench pins each
+# forced call's arguments with its own tag (langgraph_batch/bench/contenders/_graph.py).
+export VLLM_ENFORCE_STRICT_TOOL_CALLING="${VLLM_ENFORCE_STRICT_TOOL_CALLING:-0}"
+
 exec vllm serve "${args[@]}" "$@"

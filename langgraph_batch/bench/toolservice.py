@@ -60,6 +60,10 @@ class ToolServiceConfig:
     the others for the keys it lists."""
     result_tokens_table: dict[str, int] | None = None
     """Per-call result sizes in emulator tokens by canonical key (a replayed job's)."""
+    tokens_per_word: float = 1.0
+    """A live server's tokens per result word (its `/tokenize`; the emulator's: 1): result
+    lengths are divided by it, so a result holds the same number of that server's tokens
+    as the workload asks for (a tokenizer that splits these words is not sent 3x the text)."""
 
     def _draw(self, what: str, key: str) -> float:
         """A uniform draw in [0, 1) fixed by the seed, `what` and the call's key."""
@@ -86,13 +90,14 @@ class ToolServiceConfig:
 
     def result_for(self, key: str) -> str:
         """The result text of one call with canonical key `key`."""
+        scale = 1.0 / self.tokens_per_word if self.tokens_per_word > 0 else 1.0
         if self.result_tokens_table and key in self.result_tokens_table:
-            return result_text_tokens(key, int(self.result_tokens_table[key]))
+            return result_text_tokens(key, round(int(self.result_tokens_table[key]) * scale))
         if self.result_tokens_range is None:
-            return result_text(key, self.result_words)
+            return result_text(key, round(self.result_words * scale))
         lo, hi = self.result_tokens_range
         tokens = round(lo * (hi / lo) ** self._draw("size:", key)) if lo > 0 else hi
-        return result_text_tokens(key, tokens)
+        return result_text_tokens(key, round(tokens * scale))
 
 
 _WORDS = [

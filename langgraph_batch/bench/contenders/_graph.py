@@ -46,6 +46,11 @@ from pydantic import BaseModel, Field, create_model
 
 from langgraph_batch.bench.contenders._common import RECORDER
 
+FORCED_KEYS: dict[int, str] = {}
+"""Forced shapes with per-sibling keys (`job["task_keys"]`; `bind` sets it): sibling ->
+its key. Its n-th tool call (n earlier ones) is pinned to `call_key(key, n)`, the
+emulated model's convention, by `forced_call_options`."""
+
 REPLAY_CALLS: dict[int, list[dict[str, Any]]] = {}
 """The run's per-call plan of a replay (`bind` sets it from the job; empty otherwise):
 sibling -> one `{"max_tokens": int, "answer": bool}` per model call."""
@@ -82,7 +87,10 @@ def make_http_client() -> httpx.AsyncClient:
 def make_tools(job: dict[str, Any], client: httpx.AsyncClient) -> list[BaseTool]:
     """LangChain tools that call the benchmark's tool service over HTTP."""
     tools: list[BaseTool] = []
-    keys = job.get("tool_keys") if job.get("forced_shapes") else None
+    # Forced shapes: an enum of the keys, or (per-sibling keys) any string, the call's
+    # value being pinned per call (`forced_call_options`): the tools render the same for
+    # every sibling and turn, so the shared prefix stays one.
+    keys = job.get("tool_keys") if job.get("forced_shapes") and not job.get("task_keys") else None
     for spec in job["tools"]:
         name: str = spec["name"]
         arg: str = spec["arg"]
@@ -138,6 +146,18 @@ async def record_tool_call(request: Any, execute: Any) -> Any:
         RECORDER.event(index, "tool_end")
 
 
+def turns_of(job: dict[str, Any]) -> int | list[int]:
+    """Each sibling's model calls (`turns_per_task`), else the job's one count.
+
+    With forced shapes the client, not the model, ends a sibling (the answer turn
+    after `turns - 1` tool results), so long-horizon siblings need their own counts.
+    """
+    per = job.get("turns_per_task")
+    if per and len(per) == len(job.get("tasks") or ()):
+        return [int(t) for t in per]
+    return int(job["turns"])
+
+
 def build_agent(
     llm: Any,
     tool_node: Any,
@@ -172,6 +192,8 @@ def build_agent(
             if answer_llm is not None:
                 chosen = answer_llm if call["answer"] else llm
             chosen = chosen.bind(max_tokens=call["max_tokens"], extra_body={"ignore_eos": True})
+        if not answering and index in FORCED_KEYS and (plan is None or turn >= len(plan)):
+            chosen = chosen.bind(**forced_call_options(FORCED_KEYS[index], tool_results))
         if per_sibling is not None:
             chosen = per_sibling(chosen, index)
         RECORDER.event(index, "llm_start")
@@ -218,6 +240,9 @@ def bind(llm: BaseChatModel, tools: Sequence[BaseTool], job: dict[str, Any]) -> 
     """
     REPLAY_CALLS.clear()
     REPLAY_CALLS.update(enumerate(job.get("replay_calls") or []))
+    FORCED_KEYS.clear()
+    if job.get("forced_shapes") and job.get("task_keys") and tools:
+        FORCED_KEYS.update(enumerate(job["task_keys"]))
     if job.get("forced_shapes") and tools:
         return llm.bind_tools(list(tools), tool_choice=tools[0].name, strict=True)
     schema = job.get("response_schema")
@@ -239,6 +264,30 @@ def bind_answer(llm: BaseChatModel | None, tools: Sequence[BaseTool]) -> Any:
     if llm is None:
         return None
     return llm.bind_tools(list(tools), tool_choice="none") if tools else llm
+
+
+def call_key(key: str, calls_before: int) -> str:
+    """A sibling's tool-call argument after `calls_before` earlier calls (the emulator's rule:
+    `langgraph_batch.emulator.scenarios.call_key`)."""
+    return key if calls_before == 0 else f"{key}.{calls_before}"
+
+
+def forced_call_options(key: str, calls_before: int) -> dict[str, Any]:
+    """`extra_body` that pins a forced tool call's arguments to `{"<arg>": call_key(...)}`.
+
+    vLLM 0.32 with a tool parser builds the named `tool_choice`'s constraint from
+    the tool's schema only when the request has no structural tag of its own
+    (`VLLM_ENFORCE_STRICT_TOOL_CALLING=0` on the server, else its own tag, which lets
+    a random model pad the JSON with whitespace, replaces it); this one is the exact
+    arguments' text, so a model with random weights makes the call a real agent
+    would. Servers that do not know `structured_outputs` ignore it (the enum is gone:
+    the value is then the model's).
+    """
+    from langgraph_batch.bench.workloads import TOOL_SPECS
+
+    arguments = json.dumps({TOOL_SPECS[0]["arg"]: call_key(key, calls_before)})
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": arguments}}
+    return {"extra_body": {"structured_outputs": {"structural_tag": json.dumps(tag)}}}
 
 
 def forced_answer_options(job: dict[str, Any]) -> dict[str, Any] | None:

@@ -31,7 +31,8 @@ from langgraph_batch.bench.workloads import (
 )
 
 MAX_BATCHED_TOKENS = 8192
-"""The emulator's (and vLLM's H100 server default) token budget per step."""
+"""The emulator's (and vLLM's H100 server default) token budget per step; a profile
+names its engine's own (`Profile.max_batched_tokens`, 2,048 for `cpu-tiny`)."""
 
 
 def openai_tools() -> list[dict[str, Any]]:
@@ -198,7 +199,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
     chain = 0
     critical = 0.0
     own_kv = 0  # the most KV one sibling holds beside the shared prefix
-    budget = MAX_BATCHED_TOKENS
+    budget = profile.max_batched_tokens
     # Siblings differ only in their key and filler words: sample a few to size them.
     sample = sorted({0, n - 1, *range(0, n, max(1, n // 16))})
     per_sibling: list[tuple[list[tuple[int, int]], list[str]]] = [
@@ -248,6 +249,7 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         decode_kv=decode_kv,
         chain=chain,
         max_decodes=max_decodes,
+        budget=budget,
     )
     makespan = max(work, critical)
     del count_tokens

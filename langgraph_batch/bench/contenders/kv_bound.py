@@ -53,7 +53,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from langgraph_batch.bench.contenders.ideal import MAX_BATCHED_TOKENS, openai_tools, work_bound
+from langgraph_batch.bench.contenders.ideal import openai_tools, work_bound
 from langgraph_batch.bench.toolservice import canonical_key
 from langgraph_batch.bench.workloads import (
     Workload,
@@ -65,7 +65,8 @@ from langgraph_batch.bench.workloads import (
 )
 
 BLOCK = 16
-"""vLLM's KV block: only full blocks are cached, so a turn recomputes its partial last one."""
+"""vLLM's KV block on a GPU: only full blocks are cached, so a turn recomputes its partial
+last one (a profile names its engine's: `Profile.block_size`, 32 for `cpu-tiny`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +108,17 @@ def _shared_tokens(system: str, tools: list[dict[str, Any]]) -> int:
     )
 
 
-def _cached_after(prompt: int, out: int) -> int:
+def _cached_after(prompt: int, out: int, block: int = BLOCK) -> int:
     """What a resident context offers the next turn: its full blocks."""
-    return (prompt + out) // BLOCK * BLOCK
+    return (prompt + out) // block * block
 
 
 def agent_turns(wl: Workload, index: int, seed: int, system: str) -> tuple[int, list[Turn]]:
     """Sibling `index`'s turns, replayed through the emulated model; and the shared prefix."""
+    from langgraph_batch.emulator.costs import get_profile
     from langgraph_batch.emulator.scenarios import ScenarioOptions, plan_chat
 
+    block = get_profile(wl.profile).block_size
     tools = openai_tools() if wl.tools else []
     shared = _shared_tokens(system, tools)
     gen = _gen_prompt_tokens()
@@ -162,7 +165,7 @@ def agent_turns(wl: Workload, index: int, seed: int, system: str) -> tuple[int, 
         }
         result = {"role": "tool", "tool_call_id": f"c{len(turns)}", "content": cfg.result_for(key)}
         messages += [assistant, result]
-        cached = _cached_after(prompt, out)
+        cached = _cached_after(prompt, out, block)
         prompt += _segment_tokens(assistant) + _segment_tokens(result)
 
 
@@ -173,7 +176,7 @@ def _critical(profile: Any, turns: list[Turn], *, cold: bool) -> float:
         cached = t.prompt - t.new if (k > 0 or not cold) else 0
         todo = t.prompt - cached
         while todo > 0:
-            chunk = min(todo, MAX_BATCHED_TOKENS)
+            chunk = min(todo, profile.max_batched_tokens)
             path += profile.prefill_time(chunk, cached=cached)
             cached += chunk
             todo -= chunk
@@ -218,6 +221,7 @@ class _Work:
             decode_kv=self.decode_kv,
             chain=chain,
             max_decodes=max(1, self.decode),
+            budget=profile.max_batched_tokens,
         )
         return seconds
 
@@ -248,7 +252,7 @@ def agents_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
             own = t.prompt - shared
             kv_seconds += own * t.out * min_step
             if t.wait > 0:
-                ctx = _cached_after(t.prompt, t.out) - shared
+                ctx = _cached_after(t.prompt, t.out, profile.block_size) - shared
                 waits.append((t.wait, ctx, ctx * (shared + ctx / 2)))
     work.prefill += shared  # the shared prefix, computed once
     work.attn += shared * shared / 2
@@ -363,7 +367,7 @@ def simulation_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
             for i in range(n):
                 seen = {"role": "user", "content": observation(wl, seed, i, tick)}
                 memories[i].append(seen)
-                cached[i] = _cached_after(prompts[i], outs[i])
+                cached[i] = _cached_after(prompts[i], outs[i], profile.block_size)
                 prompts[i] += _segment_tokens(memories[i][-2]) + _segment_tokens(seen)
     return {
         "makespan_s": total,

@@ -91,12 +91,13 @@ def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = Non
         build_agent,
         initial_messages,
         record_tool_call,
+        turns_of,
     )
     from langgraph_batch.nodes.fan_out import fan_out
     from langgraph_batch.tools import BatchToolNode
 
     tool_node = BatchToolNode(tools, awrap_tool_call=record_tool_call) if tools else _no_tools()
-    agent = build_agent(llm, tool_node, answer_llm=answer_llm, turns=job["turns"])
+    agent = build_agent(llm, tool_node, answer_llm=answer_llm, turns=turns_of(job))
 
     def make_input(item: dict[str, Any], index: int) -> dict[str, Any]:
         return {"messages": initial_messages(job, item["index"]), "index": item["index"]}

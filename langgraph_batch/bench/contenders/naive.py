@@ -21,6 +21,7 @@ from langgraph_batch.bench.contenders._graph import (
     build_agent,
     initial_messages,
     record_tool_call,
+    turns_of,
 )
 
 
@@ -28,7 +29,7 @@ def build(job: dict[str, Any], llm: Any, tools: list[Any], answer_llm: Any = Non
     """The parent graph: Send one branch per task to the agent subgraph."""
     tool_node = ToolNode(tools, awrap_tool_call=record_tool_call) if tools else _no_tools()
     agent = build_agent(
-        llm, tool_node, answer_llm=answer_llm, turns=job["turns"], per_sibling=_session(job)
+        llm, tool_node, answer_llm=answer_llm, turns=turns_of(job), per_sibling=_session(job)
     )
 
     async def run_agent(state: dict[str, Any]) -> dict[str, Any]:
