@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from langgraph_batch.bench.goals import best_bounded, goals
+from langgraph_batch.bench.goals import _num, _ratio, best_bounded, goals
 from langgraph_batch.bench.routers import router_markdown
 
 __all__ = ("best_bounded", "goals", "markdown", "ratios", "summary_markdown", "write")
@@ -44,23 +44,6 @@ PREFILL_WORKLOADS = {
     "W4": "cache-affinity routing vs round robin over 4 replicas",
     "W6": "what prefix warming saves on SGLang's radix cache",
 }
-
-
-def _num(entry: Mapping[str, Any] | None, key: str) -> float | None:
-    if not entry or entry.get("error"):
-        return None
-    value = entry.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None:
-        return None
-    if b == 0:
-        return 0.0 if a == 0 else math.inf
-    return a / b
 
 
 def ratios(contenders: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
