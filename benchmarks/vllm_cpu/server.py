@@ -291,6 +291,7 @@ class VLLMCPUServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._own_log_dir = False
         self._failed = False
+        self._died_with: int | None = None
 
     @property
     def url(self) -> str:
@@ -301,6 +302,17 @@ class VLLMCPUServer:
     def running(self) -> bool:
         """Whether the server process is alive."""
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The code the server exited with by itself (None while it runs, or if stopped)."""
+        return self._proc.poll() if self._proc is not None else self._died_with
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines of the server's log ("" before start or once removed)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     @property
     def pid(self) -> int | None:
@@ -374,7 +386,8 @@ class VLLMCPUServer:
     def stop(self, *, grace_s: float = 20.0) -> None:
         """SIGTERM to the server (it ends its children), SIGKILL to the group after a grace."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
+        self._died_with = proc.poll() if proc is not None else None
+        if proc is not None and self._died_with is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             try:

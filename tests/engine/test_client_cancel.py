@@ -29,7 +29,7 @@ QUICKLY_S = 10.0
 
 async def cancel_and_measure(server: VLLMCPUServer, task: asyncio.Task[Any], n: int) -> float:
     """Cancel `task` once the engine runs `n` requests; seconds until it runs none."""
-    await wait_metric(server, lambda m: m.num_requests_running == n, what=f"{n} running")
+    await wait_metric(server, lambda m: m.num_requests_running == n, what=f"{n} running", task=task)
     generated_before = await counter(server, "vllm:generation_tokens_total")
     t0 = time.monotonic()
     task.cancel()
