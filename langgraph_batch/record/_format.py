@@ -14,7 +14,11 @@ One JSON object per line, each with a `type`:
   `messages` (messages sent), `prefix_messages` (leading messages identical to
   the sibling's previous call: the conversation grows by appending),
   `first_messages` (leading messages identical to the run's first call: the
-  shared system prompt), `new` (`[role, hash, chars]` of each message after
+  shared system prompt), `prefix_tokens` (optional: prompt tokens this call
+  shares with the sibling's previous call, its previous prompt plus reply when
+  the conversation grew by appending, fewer after a reset or compaction; null
+  or absent when unknown, as in the Recorder's files; importers of foreign
+  traces write it), `new` (`[role, hash, chars]` of each message after
   `prefix_messages`), `tools` (digest of the tool schemas offered, or null) and
   `tools_chars`, `tool_calls` (`[name, args_hash]` of each tool call the model
   made), `finish_reason`, `error` (null, or the exception's type name);
@@ -94,6 +98,8 @@ class LLMCall:
     finish_reason: str | None = None
     error: str | None = None
     model: str | None = None
+    prefix_tokens: int | None = None
+    """Prompt tokens shared with the sibling's previous call (None: unknown)."""
 
 
 @dataclass(**_DC)
@@ -148,6 +154,7 @@ def _call(row: Mapping[str, Any]) -> LLMCall:
         finish_reason=row.get("finish_reason"),
         error=row.get("error"),
         model=row.get("model"),
+        prefix_tokens=_opt_tokens(row.get("prefix_tokens")),
     )
 
 
