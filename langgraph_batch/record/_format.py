@@ -29,10 +29,11 @@ One JSON object per line, each with a `type`:
 - `summary` (last line, written by `Recorder.close()`): totals (`siblings`,
   `llm_calls`, `tool_calls`, `prompt_tokens`, `cached_tokens`,
   `output_tokens`, `makespan_s`) and `shared_prefix` (`messages`: leading
-  messages every sibling's first call shares; `chars`; `tokens`: an estimate,
-  the first calls' prompt tokens in proportion to those characters, never
-  below the most cached tokens a first call saw; without usage, the typical
-  estimate of the characters).
+  messages every sibling's first call shares, byte for byte; `chars`, with
+  the tool schemas only when every first call offered the same ones;
+  `tokens`: an estimate, the first calls' prompt tokens in proportion to
+  those characters, never below the fewest cached tokens a later sibling's
+  first call saw; without usage, the typical estimate of the characters).
 
 Digests are HMAC-SHA256 of the canonical JSON of a message (role, text, tool
 calls without their ids), keyed per recording (a random key unless one is
@@ -278,7 +279,17 @@ def read_recording(path: str | Path) -> Recording:
 
 
 def shared_prefix(firsts: Sequence[LLMCall]) -> dict[str, Any]:
-    """The run's shared prefix, from every sibling's first call (see `summary`)."""
+    """The run's shared prefix, from every sibling's first call (see `summary`).
+
+    Only what is byte-identical across the first calls counts: the leading
+    messages they all share with the run's first call, and the tool schemas
+    only when every first call offered the same ones (equal digests). The
+    tokens are the first prompts' tokens in proportion to those characters
+    (their median), raised to what the server proved shared: the fewest cached
+    tokens any later sibling's first call saw (a single call's cache may hold
+    a conversation of its own from before the recording, so the fewest, not
+    the most).
+    """
     if not firsts:
         return {"messages": 0, "chars": 0, "tokens": 0}
     if len(firsts) == 1:
@@ -288,15 +299,17 @@ def shared_prefix(firsts: Sequence[LLMCall]) -> dict[str, Any]:
     else:
         m = min(c.first_messages for c in firsts[1:])
     ref = firsts[0].new
-    chars = sum(c for _, _, c in ref[:m]) + (firsts[0].tools_chars if m else 0)
+    same_tools = firsts[0].tools is not None and all(c.tools == firsts[0].tools for c in firsts)
+    chars = sum(c for _, _, c in ref[:m]) + (firsts[0].tools_chars if m and same_tools else 0)
     estimates = []
     for call in firsts:
         total = sum(c for _, _, c in call.new) + call.tools_chars
         if call.prompt_tokens and total:
             estimates.append(call.prompt_tokens * chars / total)
     tokens = round(sorted(estimates)[len(estimates) // 2]) if estimates else typical_tokens(chars)
-    cached = max((c.cached_tokens or 0 for c in firsts), default=0)
+    later = [c.cached_tokens for c in firsts[1:]]
+    proven = min(x or 0 for x in later) if later and None not in later else 0
     floor = min((c.prompt_tokens or 0 for c in firsts), default=0)
-    if m and cached > tokens:
-        tokens = min(cached, floor) if floor else cached
+    if m and proven and proven > tokens:
+        tokens = min(proven, floor) if floor else proven
     return {"messages": m, "chars": chars, "tokens": tokens}

@@ -150,7 +150,7 @@ def test_conversations_continue_by_prefix_and_share_the_system_prompt() -> None:
     assert summary["shared_prefix"]["messages"] == 1
     assert summary["cached_tokens"] == 80 * 2 + 96 * 2
     # Tokens: the first calls' prompts in proportion to the shared characters, at least the
-    # most cached tokens a first call saw (80).
+    # fewest cached tokens a later sibling's first call saw (80).
     assert 80 <= summary["shared_prefix"]["tokens"] <= 100
 
 
@@ -185,6 +185,39 @@ def test_shared_prefix_of_one_sibling_is_its_system_turn() -> None:
                    new=(("system", "h", 300), ("user", "u", 100)), tool_calls=())  # fmt: skip
     assert shared_prefix([call]) == {"messages": 1, "chars": 300, "tokens": 75}
     assert shared_prefix([]) == {"messages": 0, "chars": 0, "tokens": 0}
+
+
+def _first(
+    sibling: int, *, tools: str | None, prompt: int, cached: int | None, first_messages: int = 1
+) -> Any:
+    from langgraph_batch.record import LLMCall
+
+    return LLMCall(sibling=sibling, turn=0, start_s=0, end_s=1, prompt_tokens=prompt,
+                   cached_tokens=cached, output_tokens=5, messages=2, prefix_messages=0,
+                   first_messages=first_messages, new=(("system", "s", 400), ("user", "u", 100)),
+                   tool_calls=(), tools=tools, tools_chars=1500)  # fmt: skip
+
+
+def test_shared_prefix_counts_tools_only_when_every_sibling_offered_the_same() -> None:
+    same = [_first(i, tools="t1", prompt=500, cached=None) for i in range(3)]
+    # system (400 chars) + tools (1,500) of 2,000 characters: 95% of 500 tokens
+    assert shared_prefix(same) == {"messages": 1, "chars": 1900, "tokens": 475}
+    differ = [*same[:2], _first(2, tools="t2", prompt=500, cached=None)]
+    # The tools differ: only the system message is byte-identical (400 of 2,000 characters).
+    assert shared_prefix(differ) == {"messages": 1, "chars": 400, "tokens": 100}
+    no_tools = [_first(i, tools=None, prompt=500, cached=None) for i in range(2)]
+    assert shared_prefix(no_tools)["chars"] == 400
+
+
+def test_shared_prefix_is_raised_only_to_what_every_later_sibling_found_cached() -> None:
+    # One later sibling found 450 tokens cached (its own conversation from before the
+    # recording, say), another none: nothing is proven shared beyond the characters.
+    calls = [_first(0, tools="a", prompt=500, cached=0), _first(1, tools="b", prompt=500,
+             cached=450), _first(2, tools="c", prompt=500, cached=0)]  # fmt: skip
+    assert shared_prefix(calls)["tokens"] == 100
+    # Every later sibling found 300 cached: the server proved 300 shared tokens.
+    proven = [calls[0], *(_first(i, tools="b", prompt=500, cached=300) for i in (1, 2))]
+    assert shared_prefix(proven)["tokens"] == 300
 
 
 class _Fake(BaseChatModel):
