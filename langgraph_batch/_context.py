@@ -6,7 +6,15 @@ runs each task in `copy_context()`), so `current_sibling()` answers inside
 `BatchedChatModel._agenerate` and inside tools, sync or async.
 
 Outside a fan_out (a plain `Send` map-reduce), `current_sibling()` is None and
-the scheduler derives the caller's turn from the conversation instead.
+the scheduler derives the caller's turn from the conversation instead. Its
+session (the replica a router keeps it on) then comes from LangGraph's
+`Runtime.execution_info` where there is one (`task_route_key`): a model node
+inside a subgraph that a task runs (`Send("agent", ...)` to a compiled agent)
+has a checkpoint namespace `agent:<task id>|model:<id>` whose leading part
+stays the same on every turn of that agent and differs between agents, even
+when their opening messages are equal. A model node of the top-level graph
+gets a new task id each turn: there the conversation's opening messages name
+the session, as before.
 
 The admission protocol: a sibling holds an ACTIVE place while it runs model
 nodes. Entering a tool releases the place (`tool_enter`), leaving the tool
@@ -18,6 +26,7 @@ re-acquires it with preference over fresh siblings (`tool_exit`). The
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -28,6 +37,7 @@ __all__ = (
     "SiblingInfo",
     "current_sibling",
     "sibling_scope",
+    "task_route_key",
 )
 
 
@@ -140,3 +150,27 @@ def sibling_scope(info: SiblingInfo) -> Iterator[SiblingInfo]:
         yield info
     finally:
         _SIBLING.reset(token)
+
+
+def task_route_key() -> str | None:
+    """`"task:<hash>"` of the enclosing LangGraph task, or None (see the module doc).
+
+    The hash (BLAKE2b, 96 bits) covers the thread id and every checkpoint
+    namespace segment but the model node's own: the agent run that makes this
+    call. None outside a LangGraph run, without `execution_info`, or when the
+    model node is not inside a subgraph (a single namespace segment).
+    """
+    try:
+        from langgraph.runtime import get_runtime
+
+        info = get_runtime().execution_info
+    except (ImportError, RuntimeError, KeyError, AttributeError):
+        return None
+    if info is None or not info.checkpoint_ns:
+        return None
+    segments = info.checkpoint_ns.split("|")
+    if len(segments) < 2:
+        return None
+    owner = "|".join(segments[:-1])
+    digest = hashlib.blake2b(f"{info.thread_id or ''}\x00{owner}".encode(), digest_size=12)
+    return f"task:{digest.hexdigest()}"

@@ -24,7 +24,7 @@ from langchain_core.language_models import LangSmithParams
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-from langgraph_batch._context import SiblingInfo, current_sibling
+from langgraph_batch._context import SiblingInfo, current_sibling, task_route_key
 from langgraph_batch._convert import (
     chunk_generation_info,
     chunk_to_message_chunk,
@@ -153,7 +153,9 @@ def build_request(
         timeout=model.timeout,
         stream_chunk_timeout=model.stream_chunk_timeout or None,
         batchable=batchable,
-        route_key=sibling_route_key(sibling.sibling_id) if sibling is not None else None,
+        route_key=sibling_route_key(sibling.sibling_id)
+        if sibling is not None
+        else task_route_key(),
         turn=turn,
     )
     return request, turn, sibling

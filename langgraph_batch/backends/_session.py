@@ -17,12 +17,14 @@ each request names it in a header:
   picks at random.
 
 So every request carries a **session key** in both headers (`SessionConfig`):
-one key per fan_out sibling (all its turns), and outside a fan_out one per
-conversation (its model, first system and first user message, the same on
-every turn). The key is opaque: an HMAC-SHA256 under a random secret made once
-per process, truncated to 128 bits, of that identity and of the backend's
-credentials digest (callers with other API keys or headers never share a key,
-so a router never takes two tenants' requests for one session or program). It
+one key per fan_out sibling (all its turns), outside a fan_out one per agent
+task (the LangGraph task running the agent's subgraph, from its
+`execution_info`), else one per conversation (its model, first system and
+first user message, the same on every turn). The key is opaque: an
+HMAC-SHA256 under a random secret made once per process, truncated to 128
+bits, of that identity and of the backend's credentials digest (callers with
+other API keys or headers never share a key, so a router never takes two
+tenants' requests for one session or program). It
 holds no user data (no content, thread id or credential), cannot be guessed or
 linked across runs, and is never logged.
 
@@ -185,9 +187,10 @@ def conversation_key(request: ChatRequest) -> str:
 def affinity_key(request: ChatRequest) -> str:
     """The routing key of a request: its `route_key`, else its conversation prefix.
 
-    A fan_out sibling's requests carry `route_key="sibling:<id>"`, so all its
-    turns share a replica (siblings with the same opening messages do not
-    all follow the first one). Otherwise the key is `conversation_key(request)`.
+    A fan_out sibling's requests carry `route_key="sibling:<id>"`, and an agent
+    run by a LangGraph task `"task:<hash>"`, so all its turns share a replica
+    (agents with the same opening messages do not all follow the first one).
+    Otherwise the key is `conversation_key(request)`.
 
     Args:
         request: the call to route.

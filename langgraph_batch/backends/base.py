@@ -79,7 +79,9 @@ class ChatRequest:
     """Which replica should serve it: an `EndpointPool` sends equal keys to one
     replica, so a conversation finds its cached prefix. Set where the request is
     built (`"sibling:<id>"` inside a fan_out sibling; `Scheduler.submit` fills
-    it from its `sibling`); None routes by the conversation's opening messages.
+    it from its `sibling`; `"task:<hash>"` for a model node inside a subgraph
+    that a LangGraph task runs, from its `execution_info`); None routes by the
+    conversation's opening messages.
     A router in front of replicas gets the same identity as an opaque session
     key in a header (`SessionConfig`)."""
     turn: int | None = None

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR, KV_HEADROOM
+from langgraph_batch._heartbeat import held
 from langgraph_batch.nodes._forecast import ContextForecast
 from langgraph_batch.scheduler import KVLedger
 
@@ -375,7 +376,8 @@ class SiblingAdmission:
         entry: _Waiter = (sid, fut, sibling)
         queue.append(entry)
         try:
-            await fut
+            with held():  # waiting its turn is not idling (LangGraph's idle_timeout)
+                await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 # Granted just as we were cancelled: hand the place on.

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch._heartbeat import held
 from langgraph_batch._retry_policy import Delivery
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
 from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError
@@ -137,7 +138,8 @@ class RequestAttempts:
                     if core.slots_free and core.ready:
                         self._dispatch.kick()
                     try:
-                        res = await fut
+                        with held():  # parked: LangGraph's idle timeout must not fire
+                            res = await fut
                     except asyncio.CancelledError:
                         self._abandon(item)
                         raise
@@ -174,7 +176,8 @@ class RequestAttempts:
                     max_retries=max_retries,
                     delay=delay,
                 )
-                await asyncio.sleep(delay)
+                with held():
+                    await asyncio.sleep(delay)
                 if not self._life.opened:
                     refusal = self._life.refusal()
                     self._stats.record_failure(refusal)
