@@ -84,6 +84,18 @@ class SiblingInfo:
     left: Callable[[], int] | None = None
     """How many siblings of the run have not finished yet (the run's counter,
     shared by its siblings). None: unknown (the sibling runs outside a fan_out)."""
+    expected_wait: Callable[[str | None], float | None] | None = None
+    """The run's learned wait for a call of a tool, by name (`ContextForecast.
+    expected_wait`). None: the sibling runs outside a fan_out."""
+
+    def retention_hint(self) -> float | None:
+        """Seconds this sibling's KV should be kept after its next call (None: unknown).
+
+        The learned wait of the tool it called last (agents tend to call the
+        same tools again), sent to a serving stack that takes a retention hint.
+        """
+        predict = self.expected_wait
+        return predict(self.tool_name) if predict is not None else None
 
     def record_context(self, tokens: int) -> None:
         """Set `context_tokens` after a completed call, and tell the admission gate."""

@@ -157,6 +157,7 @@ def build_request(
         if sibling is not None
         else task_route_key(),
         turn=turn,
+        retention_s=sibling.retention_hint() if sibling is not None else None,
     )
     return request, turn, sibling
 

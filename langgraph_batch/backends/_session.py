@@ -233,6 +233,9 @@ def agentic_context(request: ChatRequest, key: str) -> dict[str, Any]:
     cap = params.get("max_tokens") or params.get("max_completion_tokens")
     if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
         ctx["expected_output_length"] = cap
+    if request.retention_s is not None and request.retention_s > 0:
+        # How long the router should keep the program's KV while it waits on its tool.
+        ctx["kv_retention_ttl_seconds"] = round(request.retention_s, 3)
     return ctx
 
 

@@ -87,6 +87,11 @@ class ChatRequest:
     turn: int | None = None
     """LLM calls the caller (sibling or conversation) completed before this one
     (None: unknown). Sent only as an engine hint (`SessionConfig.engine_hints`)."""
+    retention_s: float | None = None
+    """Seconds the caller's KV should be kept after this call: the predicted wait
+    of the tool it will likely call next, learned from the run
+    (`SiblingInfo.retention_hint`; None: unknown). Sent only as an engine hint
+    (`SessionConfig.engine_hints`, vllm-router's `kv_retention_ttl_seconds`)."""
 
 
 def sibling_route_key(sibling_id: object) -> str:

@@ -560,6 +560,7 @@ class Worker:
                 total=run.total,
                 admission=self.admission,
                 run_id=run.group,
+                expected_wait=self.admission.forecast.expected_wait,
             )
             meta = {"lgb_sibling_group": run.group, "lgb_sibling_index": index}
             config: Any = {

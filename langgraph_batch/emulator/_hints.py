@@ -40,6 +40,7 @@ class AgentHints:
         self.steps: dict[str, set[int]] = {}
         self.expected_output: set[int] = set()
         self.priorities: set[int] = set()
+        self.retention: list[float] = []
 
     def check(self, body: Mapping[str, Any]) -> None:
         """Refuse what vLLM refuses; record the hints of an accepted `agentic_context`.
@@ -80,6 +81,14 @@ class AgentHints:
         priority = ctx.get("priority")
         if isinstance(priority, int):
             self.priorities.add(priority)
+        ttl = ctx.get("kv_retention_ttl_seconds")
+        if isinstance(ttl, int | float) and not isinstance(ttl, bool):
+            if not ttl >= 0:  # vllm-router: "must be seconds as a number"
+                raise RequestError(
+                    "vllm_xargs.agentic_context.kv_retention_ttl_seconds must be seconds"
+                )
+            if len(self.retention) < _MAX_PROGRAMS:
+                self.retention.append(float(ttl))
 
     def reset(self) -> None:
         """Forget what was recorded (`POST /emulator/reset`)."""
@@ -87,6 +96,7 @@ class AgentHints:
         self.steps.clear()
         self.expected_output.clear()
         self.priorities.clear()
+        self.retention.clear()
 
     def stats(self) -> dict[str, Any]:
         """What the accepted hints said: requests, programs, each program's steps."""
@@ -98,4 +108,9 @@ class AgentHints:
             "step_ids": sorted(set().union(*self.steps.values())) if self.steps else [],
             "expected_output_length": sorted(self.expected_output),
             "priorities": sorted(self.priorities),
+            "kv_retention_ttl_seconds": {
+                "requests": len(self.retention),
+                "min": min(self.retention, default=None),
+                "max": max(self.retention, default=None),
+            },
         }

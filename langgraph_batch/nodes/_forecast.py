@@ -93,6 +93,7 @@ class ContextForecast:
         self._growth = _Window()
         self._last: dict[Hashable, int] = {}
         self._tools: dict[str, _Window] = {}
+        self._all_tools = _Window()
 
     @property
     def first_context(self) -> int:
@@ -147,6 +148,23 @@ class ContextForecast:
         if window is None:
             window = self._tools[name] = _Window()
         window.add(seconds)
+        self._all_tools.add(seconds)
+
+    def expected_wait(self, name: str | None) -> float | None:
+        """How long a wait on `name` lasts at most, 9 times in 10 (seconds; None: unknown).
+
+        The `LONG_WAIT_QUANTILE` of the tool's waits once it has
+        `MIN_TOOL_SAMPLES`; for a tool not seen that often (or no name), the
+        same quantile over every tool's waits; None before the run has that
+        many. A retention hint kept this long covers the waits that are not
+        long ones, and the long ones are the gate's first to give up.
+        """
+        window = self._tools.get(name or "")
+        if window is None or len(window) < MIN_TOOL_SAMPLES:
+            window = self._all_tools
+        if len(window) < MIN_TOOL_SAMPLES:
+            return None
+        return window.quantile(LONG_WAIT_QUANTILE)
 
     def long_wait(self, name: str | None, elapsed: float) -> bool:
         """Whether a wait on `name` that has lasted `elapsed` s is a long one.

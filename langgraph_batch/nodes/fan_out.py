@@ -373,6 +373,7 @@ def _sibling_setup(
         admission=run.admission,
         run_id=run.run_id,
         left=run.left,
+        expected_wait=run.admission.forecast.expected_wait,
     )
     child = merge_configs(
         config,

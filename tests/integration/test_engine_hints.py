@@ -155,3 +155,68 @@ async def test_stock_vllm_refuses_agentic_context_so_it_is_off_by_default(
         await hinted.get_scheduler().aclose()
         await plain.get_scheduler().aclose()
     assert (await asyncio.to_thread(stats, url))["agentic_context"]["requests"] == 0
+
+
+TOOL_S = 0.25
+
+
+def tool_agent(llm: BatchedChatModel) -> Any:
+    """A ReAct agent whose one tool takes `TOOL_S` (the emulator asks for it by the doc's key)."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    from langgraph_batch import BatchMiddleware
+
+    @tool
+    async def lookup(key: str) -> str:
+        """Look a key up in the knowledge base."""
+        await asyncio.sleep(TOOL_S)
+        return f"value-of-{key}"
+
+    return create_agent(llm, [lookup], middleware=[BatchMiddleware()])
+
+
+async def test_the_learned_tool_wait_reaches_the_engine_as_kv_retention(
+    start_emulator: Callable[..., str],
+) -> None:
+    from langgraph_batch.bench.routers import router_unavailable, start_router
+
+    url = await asyncio.to_thread(
+        start_emulator, agentic_context=True, output_tokens=8, time_scale=1.0
+    )
+    # Through the real vllm-router with program scheduling, which validates the field
+    # ("kv_retention_ttl_seconds must be seconds as a number") and passes it on.
+    assert await asyncio.to_thread(router_unavailable, "vllm-router") is None
+    router = await asyncio.to_thread(
+        start_router, "router-ps", [url], profile="h100-llama3-8b", time_scale=1.0
+    )
+    llm = BatchedChatModel(
+        model=MODEL,
+        base_url=router.url.replace("http://", "vllm://"),
+        max_tokens=64,
+        session_affinity=SessionConfig(engine_hints="agentic_context"),
+    )
+    b = StateGraph(Parent)
+    b.add_node(
+        "all",
+        fan_out(
+            tool_agent(llm),
+            items="items",
+            into="out",
+            make_input=lambda x, i: {"messages": [HumanMessage(f"review doc #{x} key=k{x}")]},
+            max_active=4,
+        ),
+    )
+    b.add_edge(START, "all")
+    try:
+        out = await b.compile().ainvoke({"items": list(range(24))})
+    finally:
+        await llm.get_scheduler().aclose()
+        await asyncio.to_thread(router.stop)
+    assert not [r for r in out["out"] if isinstance(r, SiblingError)]
+    ttl = (await asyncio.to_thread(stats, url))["agentic_context"]["kv_retention_ttl_seconds"]
+    # Hints start once the run has seen 8 tool waits; each covers 9 in 10 of them: at
+    # least the tool's own time, and far below what a stuck tool would take.
+    print(f"\nkv_retention_ttl_seconds hints: {ttl}")
+    assert ttl["requests"] > 0, ttl
+    assert TOOL_S <= ttl["min"] <= ttl["max"] < 10 * TOOL_S, ttl

@@ -372,6 +372,25 @@ async def test_agentic_context_hints(recorder: Recorder) -> None:
     assert second == {"a": 1, "agentic_context": {"program_id": key, "session_id": key}}
 
 
+async def test_the_learned_tool_wait_is_sent_as_the_programs_kv_retention(
+    recorder: Recorder,
+) -> None:
+    recorder.handler = lambda r: httpx.Response(200, json=completion())
+    config = SessionConfig(engine_hints="agentic_context")
+    request = replace(sibling_req(1, turn=2), retention_s=4.56789)
+    async with vllm(recorder, session_affinity=config) as b:
+        await b.chat(request)
+        await b.chat(replace(request, retention_s=None))
+    hinted, unknown = (
+        json.loads(r.content)["vllm_xargs"]["agentic_context"] for r in recorder.requests
+    )
+    assert hinted["kv_retention_ttl_seconds"] == 4.568
+    assert "kv_retention_ttl_seconds" not in unknown
+    async with vllm(recorder) as b:  # hints off (the default): nothing is sent
+        await b.chat(request)
+    assert "vllm_xargs" not in recorder.last_body
+
+
 async def test_callers_with_other_credentials_never_share_a_key(recorder: Recorder) -> None:
     # Two tenants (API keys) behind one router, same conversation or sibling id: the
     # router must not see one session (or one program, with engine hints) for both.

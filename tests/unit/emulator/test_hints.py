@@ -28,7 +28,9 @@ def test_an_agent_aware_engine_records_the_hints() -> None:
     hints = AgentHints(accept=True)
     hints.check({"vllm_xargs": {"agentic_context": CTX, "other": "x"}})
     hints.check({"vllm_xargs": {"agentic_context": {**CTX, "step_id": 3}}})
-    hints.check({"vllm_xargs": {"agentic_context": {"program_id": "p2"}}})
+    hints.check(
+        {"vllm_xargs": {"agentic_context": {"program_id": "p2", "kv_retention_ttl_seconds": 2.5}}}
+    )
     assert hints.stats() == {
         "accepted": True,
         "requests": 3,
@@ -37,7 +39,12 @@ def test_an_agent_aware_engine_records_the_hints() -> None:
         "step_ids": [2, 3],
         "expected_output_length": [64],
         "priorities": [3],
+        "kv_retention_ttl_seconds": {"requests": 1, "min": 2.5, "max": 2.5},
     }
+    with pytest.raises(RequestError, match="program_id"):
+        hints.check({"vllm_xargs": {"agentic_context": {"step_id": 1}}})
+    with pytest.raises(RequestError, match="kv_retention_ttl_seconds"):  # as vllm-router
+        hints.check({"vllm_xargs": {"agentic_context": {**CTX, "kv_retention_ttl_seconds": -1}}})
     with pytest.raises(RequestError, match="program_id"):
         hints.check({"vllm_xargs": {"agentic_context": {"step_id": 1}}})
     hints.reset()

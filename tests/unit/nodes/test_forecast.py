@@ -49,3 +49,22 @@ def test_long_waits_need_history_and_pass_the_90th_percentile() -> None:
     for _ in range(40):
         f.observe_tool("search", 20.0)  # the tool got slow
     assert not f.long_wait("search", 15.0)
+
+
+def test_expected_wait_is_the_tools_90th_percentile_else_every_tools() -> None:
+    f = ContextForecast(sibling_tokens=1000)
+    assert f.expected_wait("grep") is None  # nothing seen yet
+    for i in range(MIN_TOOL_SAMPLES - 1):
+        f.observe_tool("grep", 1.0 + i)
+    assert f.expected_wait("grep") is None  # too few waits of any tool
+    for i in range(10):
+        f.observe_tool("test", 10.0 + i)  # 10..19 s
+    waits = sorted([1.0 + i for i in range(MIN_TOOL_SAMPLES - 1)] + [10.0 + i for i in range(10)])
+    pooled = f.expected_wait(None)
+    assert pooled is not None
+    assert waits[-3] <= pooled <= waits[-1]
+    assert f.expected_wait("grep") == pooled  # grep: too few of its own, so every tool's
+    assert f.expected_wait("unknown") == pooled
+    test = f.expected_wait("test")
+    assert test is not None
+    assert 17.0 <= test <= 19.0
