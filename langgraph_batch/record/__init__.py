@@ -29,11 +29,12 @@ from langgraph_batch.record._format import (
 )
 from langgraph_batch.record._format import shared_prefix as shared_prefix
 from langgraph_batch.record._import import TRACE_FORMATS as TRACE_FORMATS
+from langgraph_batch.record._import import TraceFormat as TraceFormat
 from langgraph_batch.record._import import import_trace
 from langgraph_batch.record._recorder import Recorder
 
 # Also importable from here, for the library's other packages (`bench --replay`), and not part of
-# `__all__` (no user API): shared_prefix, TRACE_FORMATS.
+# `__all__` (no user API): shared_prefix, TRACE_FORMATS, TraceFormat.
 __all__ = (
     "FORMAT",
     "FORMAT_VERSION",

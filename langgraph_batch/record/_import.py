@@ -53,7 +53,8 @@ def import_trace(
     Args:
         path: the trace file.
         format: `mooncake`, `kvtrace`, `tracelab` or `record` (a `Recorder`
-            file); None detects it from the first line.
+            file); None detects it from the first line (a file that looks
+            like none of them is read as a `record`).
         max_gap_s: cap every wait between a sibling's calls (tool or human
             time) at this many seconds; 0 drops the waits; None keeps them.
             Not applied to `record` files (their waits are measured).
@@ -81,11 +82,13 @@ def import_trace(
         raise ValueError(f"block_size must be a whole number >= 1, not {block_size!r}")
     text = Path(path).read_text(encoding="utf-8")
     chosen = format if format is not None else sniff(text)
-    if chosen is None:
-        raise ValueError(
-            "cannot tell the trace's format from its first line: pass --format "
-            f"({', '.join(TRACE_FORMATS)})"
-        )
+    if chosen is None:  # the default: our own format, whose reader says what is wrong
+        try:
+            return _parse_lines(text.splitlines())
+        except ValueError as exc:
+            raise ValueError(
+                f"{exc}; a trace in another format needs --format ({', '.join(TRACE_FORMATS[1:])})"
+            ) from None
     if chosen not in TRACE_FORMATS:
         raise ValueError(f"unknown trace format {chosen!r}; choose from {', '.join(TRACE_FORMATS)}")
     if chosen == "record":
