@@ -214,3 +214,45 @@ def test_own_format_is_detected_and_read_as_before(tmp_path: Path) -> None:
     rec = import_trace(path)
     assert "imported_from" not in rec.header
     assert [c.prompt_tokens for c in rec.calls] == [10]
+
+
+# Public sample lines: the first lines of Mooncake's FAST'25 trace as quoted in NVIDIA Dynamo's
+# benchmarks/data_generator/README.md, and AIPerf's trace-replay example (docs/benchmark_modes).
+MOONCAKE_PUBLIC = [
+    {"timestamp": 0, "input_length": 6755, "output_length": 500, "hash_ids": list(range(14))},
+    {"timestamp": 0, "input_length": 7319, "output_length": 490,
+     "hash_ids": [0, *range(14, 28)]},
+    {"timestamp": 3052, "input_length": 7234, "output_length": 794,
+     "hash_ids": [0, *range(28, 42)]},
+    {"timestamp": 3052, "input_length": 2287, "output_length": 316,
+     "hash_ids": [0, *range(42, 46)]},
+]  # fmt: skip
+AIPERF_EXAMPLE = [
+    {"timestamp": 0, "input_length": 655, "output_length": 52, "hash_ids": [46, 47]},
+    {"timestamp": 10535, "input_length": 672, "output_length": 26, "hash_ids": [46, 47]},
+    {"timestamp": 27482, "input_length": 655, "output_length": 52, "hash_ids": [46, 47]},
+]
+
+
+def test_public_mooncake_lines(tmp_path: Path) -> None:
+    rec = import_trace(_mooncake(tmp_path, MOONCAKE_PUBLIC))  # detected
+    # Four first requests sharing block 0 (a 512-token system prompt): four siblings.
+    assert _by_sibling(rec) == {
+        0: [(6755, 0, None)],
+        1: [(7319, 512, None)],
+        2: [(7234, 512, None)],
+        3: [(2287, 512, None)],
+    }
+    assert [calls[0].start_s for calls in rec.siblings().values()] == [0.0, 0.0, 3.052, 3.052]
+    assert rec.summary is not None
+    assert rec.summary["shared_prefix"]["tokens"] == 512
+    assert rec.tools == ()
+
+    rec = import_trace(_mooncake(tmp_path, AIPERF_EXAMPLE), format="mooncake")
+    # The same two blocks three times: one session of three turns, each fully cached
+    # (at most its prompt), each keeping the previous prompt and reply.
+    assert _by_sibling(rec) == {0: [(655, 0, None), (672, 672, 672), (655, 655, 655)]}
+    waits = [t.latency_s for t in rec.tools]
+    assert waits == pytest.approx([10.535 - 1.1055, 27.482 - 10.535 - 0.5872])
+    capped = import_trace(_mooncake(tmp_path, AIPERF_EXAMPLE), format="mooncake", max_gap_s=5)
+    assert [t.latency_s for t in capped.tools] == [5.0, 5.0]
