@@ -8,8 +8,8 @@ randomness), one small agent job in each format to
 (`replay.json`, `replay.md`). `--no-run` only writes the files.
 
 The job: 4 sessions of 3 turns; every session's first prompt is a shared
-1024-token system prompt plus a 512- or 1024-token task; each later turn
-appends 512 or 1024 tokens (the reply and the tool result) to the previous
+4096-token system prompt plus a 1024- or 2048-token task; each later turn
+appends 1024 or 2048 tokens (the reply and the tool result) to the previous
 prompt (append-only: the replay reproduces it today, before resets and start
 offsets are replayed); outputs of 60-100 tokens; waits of 0.4-1.0 s between
 turns. Prompt lengths are whole 512-token blocks, so the hash ids carry them
@@ -30,7 +30,7 @@ from langgraph_batch.record._trace_formats import TRACELAB_COLUMNS, estimated_du
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "replay_formats"
-SESSIONS, TURNS, SHARED = 4, 3, 1024
+SESSIONS, TURNS, SHARED = 4, 3, 4096
 FILES = {"mooncake": "mooncake.jsonl", "kvtrace": "kvtrace.json", "tracelab": "tracelab.csv"}
 
 
@@ -38,13 +38,13 @@ def job() -> list[list[dict[str, Any]]]:
     """Per session and turn: `input`, `output`, `wait` (s, after the turn), `start` (s)."""
     out = []
     for i in range(SESSIONS):
-        turns, prompt, t = [], SHARED + 512 * (1 + i % 2), 0.0
+        turns, prompt, t = [], SHARED + 1024 * (1 + i % 2), 0.0
         for k in range(TURNS):
             output = 60 + 20 * ((i + k) % 3)
             wait = 0.4 + 0.2 * ((i * TURNS + k) % 4) if k + 1 < TURNS else 0.0
             turns.append({"input": prompt, "output": output, "wait": wait, "start": t})
             t += estimated_duration(prompt, output) + wait
-            prompt += 512 * (1 + (i + k) % 2)
+            prompt += 1024 * (1 + (i + k) % 2)
         out.append(turns)
     return out
 
@@ -145,12 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_run:
         return 0
     for fmt, path in paths.items():
+        shown = path.resolve()
+        if shown.is_relative_to(ROOT):  # the results name the file as a checkout has it
+            shown = shown.relative_to(ROOT)
         cmd = [
-            sys.executable, "-m", "langgraph_batch.cli", "bench", "--replay", str(path),
+            sys.executable, "-m", "langgraph_batch.cli", "bench", "--replay", str(shown),
             "--format", fmt, "--contenders", "naive,langgraph-batch,ideal",
-            "--out", str(args.out / fmt),
+            "--out", str(args.out.resolve() / fmt),
         ]  # fmt: skip
-        proc = subprocess.run(cmd, check=False)
+        proc = subprocess.run(cmd, check=False, cwd=ROOT)
         if proc.returncode:
             return proc.returncode
     return 0
