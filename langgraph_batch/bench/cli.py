@@ -38,6 +38,7 @@ from langgraph_batch.bench.workloads import (
     WORKLOADS,
     bounded_concurrency,
 )
+from langgraph_batch.record import TRACE_FORMATS
 
 ALL_CONTENDERS = (
     "naive",
@@ -96,7 +97,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--format",
-        choices=("record", "mooncake", "kvtrace", "tracelab"),
+        choices=TRACE_FORMATS,
         default=None,
         dest="trace_format",
         help="the --replay file's format (default: detected from its first line); see "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,7 +93,11 @@ def import_trace(
     if chosen not in TRACE_FORMATS:
         raise ValueError(f"unknown trace format {chosen!r}; choose from {', '.join(TRACE_FORMATS)}")
     if chosen == "record":
-        return _parse_lines(text.splitlines())
+        recording = _parse_lines(text.splitlines())
+        if max_gap_s is None:
+            return recording
+        note = "max_gap_s (--max-gap) not applied: a Recorder file's waits are measured"
+        return replace(recording, warnings=(*recording.warnings, note))
     if chosen == "mooncake":
         sessions = read_mooncake(text, block_size=block_size or MOONCAKE_BLOCK)
     elif chosen == "kvtrace":

@@ -214,6 +214,9 @@ def test_own_format_is_detected_and_read_as_before(tmp_path: Path) -> None:
     rec = import_trace(path)
     assert "imported_from" not in rec.header
     assert [c.prompt_tokens for c in rec.calls] == [10]
+    assert not any("max_gap_s" in w for w in rec.warnings)
+    rec = import_trace(path, format="record", max_gap_s=1)
+    assert any("max_gap_s (--max-gap) not applied" in w for w in rec.warnings)
 
 
 # Public sample lines: the first lines of Mooncake's FAST'25 trace as quoted in NVIDIA Dynamo's
