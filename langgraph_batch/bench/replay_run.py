@@ -7,7 +7,8 @@ job (`replay.make_replay_job`) in its own process after a reset; the
 contender's usual entry, `recorded` (the recorded run's figures, measured
 the same way) and `fidelity`: each contender's replayed figure over the
 recorded one, for the token counts, cache hits, tool waits and makespan.
-Written as `<out>/replay.json` and `<out>/replay.md`.
+Written as `<out>/replay.json` and `<out>/replay.md`. `FILE` may also be a
+trace in another format (`--format`; `langgraph_batch.record.import_trace`).
 """
 
 from __future__ import annotations
