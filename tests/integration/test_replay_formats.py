@@ -3,9 +3,10 @@
 The samples (`benchmarks/replay_formats.py`) are append-only agent sessions
 that start together, so today's replay (every turn an append, all siblings
 started at once) can reach the goal: the replayed prompt tokens are exactly
-the trace's and the cache-hit rate is within 2% of what the hash ids
-(TraceLab: `prefix_len`) imply (and within 2 points). The reset case waits on the replay of
-`prefix_tokens` and start offsets (branch `replay`): those cases are xfail until it lands.
+the trace's and the cache-hit rate is within 2% (and 2 points) of what the
+hash ids (TraceLab: `prefix_len`) imply. The reset and start-offset cases
+wait on the replay of `prefix_tokens` and `start_s` (branch `replay`): they
+are xfail (strict) until it lands.
 """
 
 from __future__ import annotations
