@@ -38,6 +38,7 @@ from langgraph_batch.bench.workloads import (
     WORKLOADS,
     bounded_concurrency,
 )
+from langgraph_batch.record import TRACE_FORMATS
 
 ALL_CONTENDERS = (
     "naive",
@@ -91,8 +92,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="FILE",
-        help="replay a job recorded with langgraph_batch.record.Recorder (JSON Lines) "
-        "instead of a workload",
+        help="replay a job recorded with langgraph_batch.record.Recorder (JSON Lines), or a "
+        "trace in another format (--format), instead of a workload",
+    )
+    parser.add_argument(
+        "--format",
+        choices=TRACE_FORMATS,
+        default=None,
+        dest="trace_format",
+        help="the --replay file's format (default: detected from its first line); see "
+        "docs/measure-your-own-job.md, 'Traces in other formats'",
+    )
+    parser.add_argument(
+        "--max-gap",
+        type=float,
+        default=None,
+        metavar="S",
+        dest="max_gap",
+        help="--replay of a trace in another format: cap each wait between a session's calls "
+        "(tool or human time) at S seconds; 0 drops them (default: keep them)",
     )
     parser.add_argument("--n", type=int, default=None, help="siblings (default: the workload's)")
     parser.add_argument(
@@ -281,6 +299,9 @@ def _replay(args: argparse.Namespace) -> int:
     if args.n is not None or args.replicas is not None:
         log("--n and --replicas do not apply to --replay (the recording sets the shape)")
         return 2
+    if args.max_gap is not None and not args.max_gap >= 0:
+        log("--max-gap takes a number of seconds >= 0")
+        return 2
     chosen = list(REPLAY_CONTENDERS)
     if args.contenders:
         chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -302,6 +323,8 @@ def _replay(args: argparse.Namespace) -> int:
             seed=args.seed,
             timeout=args.timeout,
             target=target,
+            trace_format=args.trace_format,
+            max_gap_s=args.max_gap,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         log(f"replay: {exc}")

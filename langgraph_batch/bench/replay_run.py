@@ -7,7 +7,8 @@ job (`replay.make_replay_job`) in its own process after a reset; the
 contender's usual entry, `recorded` (the recorded run's figures, measured
 the same way) and `fidelity`: each contender's replayed figure over the
 recorded one, for the token counts, cache hits, tool waits and makespan.
-Written as `<out>/replay.json` and `<out>/replay.md`.
+Written as `<out>/replay.json` and `<out>/replay.md`. `FILE` may also be a
+trace in another format (`--format`; `langgraph_batch.record.import_trace`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from langgraph_batch.bench.harness import (
 )
 from langgraph_batch.bench.report import dumps
 from langgraph_batch.bench.toolservice import tool_service
-from langgraph_batch.record import read_recording
+from langgraph_batch.record import TraceFormat, import_trace
 
 __all__ = ("REPLAY_CONTENDERS", "compare", "markdown", "run_replay", "write")
 
@@ -85,8 +86,13 @@ def run_replay(
     seed: int = 0,
     timeout: float = 600.0,
     target: live.ServerTarget | None = None,
+    trace_format: TraceFormat | None = None,
+    max_gap_s: float | None = None,
 ) -> dict[str, Any]:
     """Replay the recording at `path` with `contenders`; returns the results dict.
+
+    `trace_format` and `max_gap_s` are `record.import_trace`'s `format` (None:
+    detected) and `max_gap_s`: a trace in another format replays the same way.
 
     Raises:
         ValueError: the file is not a recording this library can replay.
@@ -95,7 +101,7 @@ def run_replay(
     from langgraph_batch.emulator.config import EmulatorConfig
     from langgraph_batch.emulator.process import EmulatorProcess
 
-    recording = read_recording(path)
+    recording = import_trace(path, format=trace_format, max_gap_s=max_gap_s)
     rp = replay.plan(recording)
     syn = replay.synthesize(rp, seed=seed)
     scale = 1.0 if target is not None else time_scale

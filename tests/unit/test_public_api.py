@@ -232,6 +232,7 @@ def test_record_surface() -> None:
         "Recorder",
         "Recording",
         "ToolRun",
+        "import_trace",
         "read_recording",
     }
     assert list(record.__all__) == sorted(record.__all__)

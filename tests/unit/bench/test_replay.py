@@ -175,3 +175,20 @@ def test_a_malformed_summary_prefix_is_recomputed(shared: Any) -> None:
     lines = [HEADER, *rows, {"type": "summary", "shared_prefix": shared}]
     rp = replay.plan(parse_lines(json.dumps(r) for r in lines))
     assert rp.shared_tokens > 0
+
+
+def test_cli_replay_format_options(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from langgraph_batch.bench.cli import main, parse_args
+
+    args = parse_args(["--replay", "t.csv", "--format", "tracelab", "--max-gap", "5"])
+    assert (args.trace_format, args.max_gap) == ("tracelab", 5.0)
+    assert parse_args(["--replay", "t.jsonl"]).trace_format is None  # detected
+    with pytest.raises(SystemExit):
+        parse_args(["--replay", "t.csv", "--format", "otel"])
+    assert main(["--replay", "t.csv", "--max-gap", "-1"]) == 2
+    bad = tmp_path / "t.csv"
+    bad.write_text("session_id,round_idx,prefix_len,input_len,output_len,tool_wait_after_ms\n")
+    assert main(["--replay", str(bad), "--format", "tracelab", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "--max-gap takes a number of seconds >= 0" in err
+    assert "replay: no row in the file" in err
