@@ -94,6 +94,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="replay a job recorded with langgraph_batch.record.Recorder (JSON Lines) "
         "instead of a workload",
     )
+    parser.add_argument(
+        "--start",
+        choices=("recorded", "together"),
+        default=None,
+        help="--replay: siblings start at their recorded offsets (default, scaled by the time "
+        "scale) or all together",
+    )
     parser.add_argument("--n", type=int, default=None, help="siblings (default: the workload's)")
     parser.add_argument(
         "--contenders",
@@ -209,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.replay is not None:
         return _replay(args)
+    if args.start is not None:
+        log("--start applies to --replay only (a workload's siblings start together)")
+        return 2
     ids = list(FULL_SIZE) if args.workload == "all" else [args.workload]
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")
@@ -302,6 +312,7 @@ def _replay(args: argparse.Namespace) -> int:
             seed=args.seed,
             timeout=args.timeout,
             target=target,
+            start=args.start or "recorded",
         )
     except (OSError, ValueError, RuntimeError) as exc:
         log(f"replay: {exc}")
