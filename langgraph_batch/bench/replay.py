@@ -424,13 +424,16 @@ def make_replay_job(
     }
 
 
-def resident_bound(rp: ReplayPlan, syn: Synthesis, *, profile_name: str) -> dict[str, Any]:
+def resident_bound(
+    rp: ReplayPlan, syn: Synthesis, *, profile_name: str, start: str = "recorded"
+) -> dict[str, Any]:
     """The `ideal` entry of a replay: the emulator cost model's bound with contexts resident.
 
     The larger of the work (every prefill and decode token at the best batch
     composition, the shared prefix once, each context kept resident between
     its turns) and the longest sibling's critical path at batch-1 speed plus
-    its tool waits. Valid while the live contexts fit the KV cache together
+    its tool waits (after its start offset, unless `start="together"`); a reset
+    keeps only its kept prefix resident. Valid while the live contexts fit the KV cache together
     (said in `note` when they do not).
     """
     from langgraph_batch.bench.contenders.ideal import MAX_BATCHED_TOKENS, work_bound
@@ -441,9 +444,12 @@ def resident_bound(rp: ReplayPlan, syn: Synthesis, *, profile_name: str) -> dict
     prefill, attn, decode, decode_kv = shared, shared * shared / 2, 0, 0.0
     chain, critical, peak = 0, 0.0, 0
     for sib, prompts, shown in zip(rp.siblings, syn.prompts, syn.visible, strict=True):
-        resident, path, length = shared, 0.0, 0
+        resident, length = shared, 0
+        path = sib.start_s if start == "recorded" else 0.0
         for k, turn in enumerate(sib.turns):
             prompt, out = prompts[k], syn.calls[sib.index][k]["max_tokens"]
+            if turn.kept_tokens is not None:  # a reset: only the kept prefix is reused
+                resident = min(resident, max(shared, turn.kept_tokens))
             new = max(0, prompt - resident)
             prefill += new
             attn += new * (resident + new / 2)

@@ -171,7 +171,7 @@ def run_replay(
         tool_url = stack.enter_context(tool_service(replay.tool_config(syn, scale, seed)))
         for name in contenders:
             if name == "ideal":
-                results[name] = replay.resident_bound(rp, syn, profile_name=PROFILE)
+                results[name] = replay.resident_bound(rp, syn, profile_name=PROFILE, start=start)
                 continue
             if target is None:
                 metrics.reset_emulator(llm_url)

@@ -302,3 +302,20 @@ def test_the_job_carries_scaled_start_offsets_unless_together() -> None:
     from langgraph_batch.bench.contenders._graph import start_order
 
     assert start_order({"tasks": ["a", "b", "c"], "start_offsets": [3.0, 0.0, 1.0]}) == [1, 2, 0]
+
+
+def test_the_bound_starts_siblings_at_their_offsets_and_prefills_after_a_reset() -> None:
+    rp = replay.plan(reset_recording(prefix_tokens=790))
+    syn = replay.synthesize(rp)
+    staggered = replay.resident_bound(rp, syn, profile_name="h100-llama3-8b")
+    together = replay.resident_bound(rp, syn, profile_name="h100-llama3-8b", start="together")
+    assert staggered["critical_path_s"] > 10.0 > together["critical_path_s"]  # sibling 2 at 10 s
+    # Sibling 0's reset prompt (900) reuses only its 790 kept tokens: 110 to prefill again.
+    appended = replay.plan(reset_recording())
+    for turn in appended.siblings[0].turns:
+        turn.kept_tokens = None
+    assert (
+        staggered["prefill_tokens"]
+        == replay.resident_bound(appended, syn, profile_name="h100-llama3-8b")["prefill_tokens"]
+        + 110
+    )
