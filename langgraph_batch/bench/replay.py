@@ -302,12 +302,20 @@ def _reset(
     returned): the boundary nearest the recorded kept prefix among those that
     leave room for the new message.
     """
+    from langgraph_batch.emulator.tokenizer import count_tokens, render_chat
+
     turn = sib.turns[k]
     kept = turn.kept_tokens or 0
     user = {"role": "user", "content": ""}
     last = len(conv) - 1 if conv and conv[-1]["role"] == "tool" else len(conv)
+    # Each turn renders on its own (the template's segments): the prefix of j messages
+    # is the system turn plus the next j - 1 segments, counted once each.
+    bounds = [tokens(conv[:1], gen=False)]
+    for msg in conv[1:last]:
+        bounds.append(bounds[-1] + count_tokens(render_chat([msg], add_generation_prompt=False)))
+    opening = count_tokens(render_chat([user]))  # the new message's frame and the reply's
     options = [
-        (tokens([*conv[:j], user]) > turn.prompt_tokens, abs(tokens(conv[:j], gen=False) - kept), j)
+        (bounds[j - 1] + opening > turn.prompt_tokens, abs(bounds[j - 1] - kept), j)
         for j in range(1, last + 1)
         if conv[j - 1]["role"] != "assistant"
     ]
@@ -319,9 +327,9 @@ def _reset(
         turns=_tool_count(conv[:m]) + len(sib.turns) - k,
         think=f" think={think}-{think}" if think else "",
     )
-    want = turn.prompt_tokens - tokens([*conv[:m], user])
+    want = turn.prompt_tokens - bounds[m - 1] - opening
     text = sized(head, want, random.Random(f"reset:{seed}:{sib.index}:{k}"))
-    got = tokens(conv[:m], gen=False)
+    got = bounds[m - 1]
     if got != kept:
         how = "estimated from its messages' sizes" if turn.kept_estimated else "recorded"
         deviations.append(

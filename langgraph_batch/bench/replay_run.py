@@ -168,6 +168,12 @@ def run_replay(
             sizer = live.Sizer(target)
             prompts = replay.live_texts(syn, rp, sizer, live.run_nonce())
             server["prompt_sizing"] = sizer.method
+            resets = sum(1 for cs in syn.calls for c in cs if "keep" in c)
+            if resets:  # only the system prompt and tasks are sized with /tokenize
+                warnings.append(
+                    f"{resets} reset messages are sized in the emulator's tokens, not the "
+                    "server's: their prompts are estimates"
+                )
         tool_url = stack.enter_context(tool_service(replay.tool_config(syn, scale, seed)))
         for name in contenders:
             if name == "ideal":

@@ -319,3 +319,24 @@ def test_the_bound_starts_siblings_at_their_offsets_and_prefills_after_a_reset()
         == replay.resident_bound(appended, syn, profile_name="h100-llama3-8b")["prefill_tokens"]
         + 110
     )
+
+
+def test_a_compaction_mid_conversation_keeps_a_tool_result_and_goes_on_calling() -> None:
+    # Five turns; turn 3 keeps the conversation up to turn 1's tool result (1300 tokens of
+    # its 1800), then grows again: one more tool call (its argument counts the kept
+    # result, as the emulated model does), then the answer.
+    rows = [
+        llm(0, 0, 800, 60, calls=("h0",)), tool(0, 0, "h0", 0.5),
+        llm(0, 1, 1300, 60, calls=("h1",), start=2), tool(0, 1, "h1", 0.5, start=3),
+        llm(0, 2, 1800, 60, calls=("h2",), start=4), tool(0, 2, "h2", 0.5, start=5),
+        llm(0, 3, 1500, 60, calls=("h3",), start=6) | {"prefix_tokens": 1290},
+        tool(0, 3, "h3", 0.5, start=7), llm(0, 4, 1900, 60, start=8),
+    ]  # fmt: skip
+    rp = replay.plan(recording(rows))
+    assert [t.kept_tokens for t in rp.siblings[0].turns] == [None, None, None, 1290, None]
+    syn = replay.synthesize(rp)
+    assert syn.prompts == [[800, 1300, 1800, 1500, 1900]]
+    step = syn.calls[0][3]
+    assert step["keep"] == 4  # system, task, turn 0's call and its result
+    assert "key=g0.r3 turns=3" in step["text"]  # 1 result kept + 2 turns left
+    assert syn.keys == ["g0", "g0.1", "g0.2", "g0.r3.1"]
