@@ -40,7 +40,7 @@ from langgraph_batch.bench.harness import (
     run_contender,
     versions,
 )
-from langgraph_batch.bench.report import dumps
+from langgraph_batch.bench.report import breakdown_markdown, dumps
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.record import read_recording
 
@@ -303,6 +303,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         fid = entry.get("fidelity")
         if fid:
             lines.append(f"| {name} | " + " | ".join(_fmt(fid[k], 3) for k in COMPARED) + " |")
+    split = breakdown_markdown(result["contenders"])  # the same split of the waits
+    if split:
+        lines += ["", *(split[:-1] if split[-1] == "" else split)]
     if result.get("warnings"):
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in result["warnings"]]
     return "\n".join(lines) + "\n"

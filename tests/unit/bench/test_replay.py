@@ -340,3 +340,23 @@ def test_a_compaction_mid_conversation_keeps_a_tool_result_and_goes_on_calling()
     assert step["keep"] == 4  # system, task, turn 0's call and its result
     assert "key=g0.r3 turns=3" in step["text"]  # 1 result kept + 2 turns left
     assert syn.keys == ["g0", "g0.1", "g0.2", "g0.r3.1"]
+
+
+def test_the_replay_markdown_shows_tool_and_hold_apart_in_both_tables() -> None:
+    from langgraph_batch.bench.replay_run import markdown
+
+    events = [[0.0, "start"], [0.0, "llm_start"], [1.0, "llm_end"], [1.0, "tool_start"],
+              [1.4, "tool_end"], [1.9, "llm_start"], [2.0, "llm_end"], [2.0, "done"]]  # fmt: skip
+    entry: dict[str, Any] = {"prompt_tokens": 10, "breakdown": breakdown({"0": events}, None)}
+    entry |= gap_figures({"0": events})
+    result = {
+        "recorded": {"llm_requests": 2, "tool_calls_requested": 1, "tool_wait_mean_s": 0.4},
+        "params": {"recording": "x", "n": 1, "server": {"url": "u"}, "times": "s"},
+        "contenders": {"langgraph-batch": entry | {"fidelity": compare({}, {})}},
+        "warnings": [],
+    }
+    md = markdown(result)
+    assert "| mean tool wait s | mean hold s |" in md
+    assert "| 0.400 | 0.500 |" in md  # tool wait, then hold
+    assert "| decode | tool | hold | other |" in md
+    assert "| 0.40 | 0.50 | 0.00 |" in md  # the breakdown's tool, hold, other
