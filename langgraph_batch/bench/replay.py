@@ -202,7 +202,7 @@ def synthesize(rp: ReplayPlan, *, seed: int = 0) -> Synthesis:
         task = sized(
             head, sib.turns[0].prompt_tokens - empty, random.Random(f"r:{seed}:{sib.index}")
         )
-        why[(sib.index, 0)] = "the task's own marker text is longer than the recorded task"
+        why[(sib.index, 0)] = "the task's replay markers alone outgrow the recorded prompt"
         tasks.append(task)
         convs.append([{"role": "system", "content": system}, {"role": "user", "content": task}])
         prompts.append([tokens(convs[-1])])
@@ -268,7 +268,8 @@ def synthesize(rp: ReplayPlan, *, seed: int = 0) -> Synthesis:
                     why[(i, k + 1)] = (
                         f"the tool result is shared by {len(needed)} siblings, sized to their mean"
                         if len(set(needed.values())) > 1
-                        else "the replayed call, its text and the smallest result are longer"
+                        else "the replayed tool call, its text and the smallest result "
+                        "outgrow the recorded growth"
                     )
     deviations += _prompt_deviations(rp, prompts, why)
     return Synthesis(
