@@ -112,6 +112,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="--replay of a trace in another format: cap each wait between a session's calls "
         "(tool or human time) at S seconds; 0 drops them (default: keep them)",
     )
+    parser.add_argument(
+        "--start",
+        choices=("recorded", "together"),
+        default=None,
+        help="--replay: siblings start at their recorded offsets (default, scaled by the time "
+        "scale) or all together",
+    )
     parser.add_argument("--n", type=int, default=None, help="siblings (default: the workload's)")
     parser.add_argument(
         "--contenders",
@@ -227,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.replay is not None:
         return _replay(args)
+    if args.start is not None:
+        log("--start applies to --replay only (a workload's siblings start together)")
+        return 2
     ids = list(FULL_SIZE) if args.workload == "all" else [args.workload]
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")
@@ -325,6 +335,7 @@ def _replay(args: argparse.Namespace) -> int:
             target=target,
             trace_format=args.trace_format,
             max_gap_s=args.max_gap,
+            start=args.start or "recorded",
         )
     except (OSError, ValueError, RuntimeError) as exc:
         log(f"replay: {exc}")

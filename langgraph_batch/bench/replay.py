@@ -1,10 +1,11 @@
 """A recorded job (`langgraph_batch.record`) as a job the contenders can run again.
 
-`plan(recording)` reads, per sibling and turn, what the replay must
-reproduce: the prompt, cached and output tokens, the tool calls, and how
-long the sibling waited on its tools. `synthesize(plan, ...)` turns it into
-the contenders' job (the same job format as a workload's, see
-`workloads.make_job`), with the tool service's per-call tables:
+`plan(recording)` (`replay_plan`) reads, per sibling and turn, what the
+replay must reproduce: the prompt, cached and output tokens, the tool calls,
+how long the sibling waited on its tools, its resets and its start offset.
+`synthesize(plan, ...)` turns it into the contenders' job (the same job
+format as a workload's, see `workloads.make_job`), with the tool service's
+per-call tables:
 
 - a shared system prompt with the recorded shared prefix's length, and one
   task per sibling sized so that its first prompt has the recorded length;
@@ -30,200 +31,39 @@ how close the replay came either way.
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import random
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from langgraph_batch._estimates import typical_tokens
+from langgraph_batch.bench.replay_plan import (
+    ReplayPlan,
+    SiblingPlan,
+    TurnPlan,
+    plan,
+    recorded_figures,
+    tool_gaps,
+)
 from langgraph_batch.bench.toolservice import ToolServiceConfig, canonical_key, result_text_tokens
 from langgraph_batch.bench.workloads import sized
-from langgraph_batch.record import LLMCall, Recording
 
-__all__ = ("ReplayPlan", "SiblingPlan", "TurnPlan", "plan", "recorded_figures", "synthesize")
+__all__ = (
+    "ReplayPlan",
+    "SiblingPlan",
+    "TurnPlan",
+    "plan",
+    "recorded_figures",
+    "synthesize",
+    "tool_gaps",
+)
 
 SYSTEM_HEAD = "You are a replayed agent. Use the tool when asked, then answer. Notes follow."
 TASK_HEAD = "Task {index}: replay key={key} turns={turns}{think}. Context:"
+RESET_HEAD = "Reset {index}.{turn}: replay key={key} turns={turns}{think}. Context:"
 ARG = "query"
 _DC: dict[str, bool] = {"slots": True, "kw_only": True}
-
-
-@dataclass(**_DC)
-class TurnPlan:
-    """One model call to reproduce (tokens as the recorded server counted them)."""
-
-    prompt_tokens: int
-    cached_tokens: int | None
-    output_tokens: int
-    calls: tuple[str, ...] = ()
-    """Digests of the tool calls this turn made (none on the answer)."""
-    wait_s: float = 0.0
-    """How long the tool calls after this turn took (0 after the answer)."""
-
-
-@dataclass(**_DC)
-class SiblingPlan:
-    """One recorded conversation."""
-
-    index: int
-    turns: list[TurnPlan]
-    key: str = ""
-    """The replayed tool-call key (shared by siblings with identical recorded calls)."""
-
-
-@dataclass(**_DC)
-class ReplayPlan:
-    """What a replay reproduces, and the recorded figures it is compared with."""
-
-    siblings: list[SiblingPlan]
-    shared_tokens: int
-    tool_name: str
-    recorded: dict[str, Any]
-    warnings: list[str] = field(default_factory=list)
-
-
-def _waits(recording: Recording) -> dict[tuple[int, int], float]:
-    """Tool latency per (sibling, turn): the longest run the turn's calls made (in parallel)."""
-    out: dict[tuple[int, int], float] = {}
-    for run in recording.tools:
-        if run.sibling >= 0 and run.turn >= 0:
-            key = (run.sibling, run.turn)
-            out[key] = max(out.get(key, 0.0), run.latency_s)
-    return out
-
-
-def _by_digest(recording: Recording) -> dict[str, float]:
-    """The executed latency of each tool call digest (median when it ran several times)."""
-    runs: dict[str, list[float]] = {}
-    for run in recording.tools:
-        runs.setdefault(run.args_hash, []).append(run.latency_s)
-    return {h: statistics.median(v) for h, v in runs.items()}
-
-
-def recorded_figures(recording: Recording) -> dict[str, Any]:
-    """The recorded run's totals, measured as the replay measures its own (see `compare`)."""
-    calls = recording.calls
-    prompt = sum(c.prompt_tokens or 0 for c in calls)
-    known = [c.cached_tokens for c in calls if c.cached_tokens is not None]
-    cached = sum(known) if known else None
-    gaps = tool_gaps(recording.siblings().values())
-    start = min((c.start_s for c in calls), default=0.0)
-    end = max([c.end_s for c in calls] + [t.end_s for t in recording.tools], default=0.0)
-    return {
-        "siblings": len(recording.siblings()),
-        "llm_requests": len(calls),
-        "prompt_tokens": prompt,
-        "cached_tokens": cached,
-        "cache_hit_rate": cached / prompt if prompt and cached is not None else None,
-        "generation_tokens": sum(c.output_tokens or 0 for c in calls),
-        "tool_calls_requested": sum(len(c.tool_calls) for c in calls),
-        "tool_calls_executed": len(recording.tools),
-        "tool_latency_mean_s": statistics.fmean(t.latency_s for t in recording.tools)
-        if recording.tools
-        else None,
-        "tool_wait_mean_s": statistics.fmean(gaps) if gaps else None,
-        "tool_wait_total_s": sum(gaps),
-        "makespan_s": end - start,
-        "failures": sum(1 for c in calls if c.error),
-    }
-
-
-def tool_gaps(siblings: Iterable[Sequence[LLMCall]]) -> list[float]:
-    """Each sibling's wait between consecutive model calls (its tool calls, seen from it)."""
-    out: list[float] = []
-    for calls in siblings:
-        out.extend(b.start_s - a.end_s for a, b in itertools.pairwise(calls))
-    return out
-
-
-def plan(recording: Recording) -> ReplayPlan:
-    """What a replay of `recording` must reproduce, per sibling and turn.
-
-    Raises:
-        ValueError: the recording holds no model call.
-    """
-    siblings = recording.siblings()
-    if not siblings:
-        raise ValueError("the recording holds no model call: nothing to replay")
-    warnings = list(recording.warnings)
-    waits, latency = _waits(recording), _by_digest(recording)
-    names = [n for c in recording.calls for n, _ in c.tool_calls]
-    tool_name = max(set(names), key=names.count) if names else "tool"
-    out: list[SiblingPlan] = []
-    unknown_usage = 0
-    for sid, calls in sorted(siblings.items()):
-        turns: list[TurnPlan] = []
-        for k, call in enumerate(calls):
-            prompt = call.prompt_tokens
-            if prompt is None:  # no usage: the typical estimate of the new texts
-                unknown_usage += 1
-                prompt = (turns[-1].prompt_tokens if turns else 0) + typical_tokens(
-                    sum(c for _, _, c in call.new)
-                )
-            wait = 0.0
-            if k + 1 < len(calls):
-                wait = waits.get((sid, call.turn), 0.0)
-                if not wait:  # no tool run recorded: its digests', else the sibling's wait
-                    known = [latency[h] for _, h in call.tool_calls if h in latency]
-                    wait = max(known) if known else max(0.0, calls[k + 1].start_s - call.end_s)
-            turns.append(
-                TurnPlan(
-                    prompt_tokens=prompt,
-                    cached_tokens=call.cached_tokens,
-                    output_tokens=max(1, call.output_tokens or 1),
-                    calls=tuple(h for _, h in call.tool_calls) if k + 1 < len(calls) else (),
-                    wait_s=wait,
-                )
-            )
-        out.append(SiblingPlan(index=len(out), turns=turns))
-    if unknown_usage:
-        warnings.append(f"{unknown_usage} model calls without usage: prompt lengths estimated")
-    _assign_keys(out)
-    prefix = (recording.summary or {}).get("shared_prefix")
-    tokens = prefix.get("tokens") if isinstance(prefix, Mapping) else None
-    shared_tokens = 0  # a summary without a usable figure: recomputed below
-    if isinstance(tokens, int | float) and math.isfinite(tokens):
-        shared_tokens = max(0, int(tokens))
-    if not shared_tokens:
-        from langgraph_batch.record import shared_prefix
-
-        firsts = [calls[0] for calls in siblings.values()]
-        shared_tokens = int(shared_prefix(firsts)["tokens"])
-    return ReplayPlan(
-        siblings=out,
-        shared_tokens=shared_tokens,
-        tool_name=tool_name,
-        recorded=recorded_figures(recording),
-        warnings=warnings,
-    )
-
-
-def _assign_keys(siblings: Sequence[SiblingPlan]) -> None:
-    """Give siblings whose recorded tool calls agree the same key (see `SiblingPlan.key`).
-
-    The replayed model's n-th call of key k has the argument `k` (then `k.n`),
-    so two siblings may share a key only if their calls are equal at every
-    turn both made one: each sibling joins the first compatible group that
-    starts with its first call, else starts a new one.
-    """
-    groups: list[tuple[str, list[tuple[str, ...]]]] = []
-    for sib in siblings:
-        seq = [t.calls for t in sib.turns[:-1]]
-        if not seq or not all(seq):
-            sib.key = f"s{sib.index}"
-            continue
-        for key, merged in groups:
-            if merged[0] == seq[0] and all(a == b for a, b in zip(merged, seq, strict=False)):
-                merged.extend(seq[len(merged) :])
-                sib.key = key
-                break
-        else:
-            groups.append((f"g{len(groups)}", list(seq)))
-            sib.key = groups[-1][0]
 
 
 def _tool_spec(name: str) -> dict[str, str]:
@@ -278,21 +118,45 @@ def _call_message(name: str, value: str, turn: int, think: int) -> dict[str, Any
     return {"role": "assistant", "content": text, "tool_calls": [call]}
 
 
-def _think(sib: SiblingPlan, call_tokens: Any) -> int:
+def _think(sib: SiblingPlan, call_tokens: Callable[[int], int]) -> int:
     """The visible text before each of the sibling's tool calls (`think=<n>-<n>`), in tokens.
 
     The recorded model's output before a tool call (its reasoning) is in the next
     prompt; the replayed model shows `n` tokens of text before each call (the
     most that every tool turn allows), the rest of a turn's output is generated
     after the call and not shown (`ignore_eos`). Below 2 tokens ("Next:"): none.
+    `call_tokens(k)`: the length of turn k's replayed tool call (at most).
     """
-    spare = [t.output_tokens - 1 - call_tokens(sib.key, k) for k, t in enumerate(sib.turns[:-1])]
+    spare = [t.output_tokens - 1 - call_tokens(k) for k, t in enumerate(sib.turns[:-1])]
     n = min(spare, default=0)
     return n if n >= 2 else 0
 
 
+def _bound_value(sib: SiblingPlan, k: int) -> str:
+    """The longest argument turn k's tool call can have (after a reset at r: `<key>.r<r>.<n>`)."""
+    from langgraph_batch.emulator.scenarios import call_key
+
+    resets = [r for r in range(1, k + 1) if sib.turns[r].kept_tokens is not None]
+    return call_key(f"{sib.key}.r{resets[-1]}", k) if resets else call_key(sib.key, k)
+
+
+def _tool_count(conv: list[dict[str, Any]]) -> int:
+    return sum(1 for m in conv if m["role"] == "tool")
+
+
 def synthesize(rp: ReplayPlan, *, seed: int = 0) -> Synthesis:
-    """Prompts, tasks, per-call options and tool tables that reproduce `rp` on the emulator."""
+    """Prompts, tasks, per-call options and tool tables that reproduce `rp` on the emulator.
+
+    A reset turn (`TurnPlan.kept_tokens`) keeps the first messages of the
+    replayed conversation whose tokens come nearest the recorded kept prefix
+    (the tool result just returned excluded: its size is its call's), then a
+    new user message sized so that the prompt has the recorded length; that
+    message names the sibling's key from then on (`<key>.r<turn>`) and the
+    turns left, as the emulated model reads them. The contenders' graph
+    applies it (`{"keep": m, "text": ...}` in the turn's call options).
+    Every prompt, output and kept prefix that differs from the recording is
+    listed in `deviations`.
+    """
     from langgraph_batch.emulator.scenarios import call_key
     from langgraph_batch.emulator.tokenizer import count_tokens, render_chat, render_tool_call
 
@@ -304,21 +168,28 @@ def synthesize(rp: ReplayPlan, *, seed: int = 0) -> Synthesis:
     def tokens(messages: list[dict[str, Any]], gen: bool = True) -> int:
         return count_tokens(render_chat(messages, tools=tools, add_generation_prompt=gen))
 
+    def call_tokens(value: str) -> int:
+        return count_tokens(render_tool_call(spec["name"], json.dumps({ARG: value})))
+
     frame = tokens([{"role": "system", "content": ""}], gen=False)
     system = sized(SYSTEM_HEAD, max(1, rp.shared_tokens - frame), rng)
-    if rp.shared_tokens < frame + count_tokens(SYSTEM_HEAD):
+    system_turn = frame + count_tokens(system)
+    if system_turn > rp.shared_tokens:
         deviations.append(
-            f"the recorded shared prefix ({rp.shared_tokens} tokens) is shorter than the "
-            f"replay's system turn with its tool ({frame + count_tokens(system)})"
+            f"shared prefix: the recorded siblings' first prompts share {rp.shared_tokens} "
+            f"tokens, but every replayed prompt opens with the same {system_turn}-token system "
+            "turn (the replay's instructions and tool schema, its smallest): first calls may "
+            f"find up to {system_turn - rp.shared_tokens} tokens more cached than recorded"
         )
     convs: list[list[dict[str, Any]]] = []
     tasks: list[str] = []
     prompts: list[list[int]] = []
+    why: dict[tuple[int, int], str] = {}
 
-    def call_tokens(key: str, k: int) -> int:
-        return count_tokens(render_tool_call(spec["name"], json.dumps({ARG: call_key(key, k)})))
+    def longest_call(sib: SiblingPlan) -> Callable[[int], int]:
+        return lambda k: call_tokens(_bound_value(sib, k))
 
-    thinks = [_think(sib, call_tokens) for sib in rp.siblings]
+    thinks = [_think(s, longest_call(s)) for s in rp.siblings]
     for sib in rp.siblings:
         think = thinks[sib.index]
         head = TASK_HEAD.format(
@@ -328,14 +199,10 @@ def synthesize(rp: ReplayPlan, *, seed: int = 0) -> Synthesis:
             think=f" think={think}-{think}" if think else "",
         )
         empty = tokens([{"role": "system", "content": system}, {"role": "user", "content": ""}])
-        want = sib.turns[0].prompt_tokens - empty
-        task = sized(head, want, random.Random(f"replay:{seed}:{sib.index}"))
-        if count_tokens(task) != want:
-            got = empty + count_tokens(task)
-            deviations.append(
-                f"sibling {sib.index}: first prompt {got} tokens, {sib.turns[0].prompt_tokens} "
-                "recorded"
-            )
+        task = sized(
+            head, sib.turns[0].prompt_tokens - empty, random.Random(f"r:{seed}:{sib.index}")
+        )
+        why[(sib.index, 0)] = "the task's replay markers alone outgrow the recorded prompt"
         tasks.append(task)
         convs.append([{"role": "system", "content": system}, {"role": "user", "content": task}])
         prompts.append([tokens(convs[-1])])
@@ -343,45 +210,68 @@ def synthesize(rp: ReplayPlan, *, seed: int = 0) -> Synthesis:
     result_tokens: dict[str, int] = {}
     visible: list[list[int]] = [[] for _ in rp.siblings]
     calls: list[list[dict[str, Any]]] = [[] for _ in rp.siblings]
+    keys = [sib.key for sib in rp.siblings]
+    values: set[str] = set()
     for k in range(max(len(s.turns) for s in rp.siblings)):
+        steps: dict[int, dict[str, Any]] = {}
+        for sib in rp.siblings:
+            if 0 < k < len(sib.turns) and sib.turns[k].kept_tokens is not None:
+                i, think = sib.index, thinks[sib.index]
+                keys[i] = f"{sib.key}.r{k}"
+                steps[i] = _reset(sib, k, convs[i], keys[i], think, tokens, deviations, seed)
+                prompts[i].append(tokens(convs[i]))
+                why[(i, k)] = "the reset's new message cannot be that small"
         groups: dict[str, list[int]] = {}
         for sib in rp.siblings:
             if k < len(sib.turns):
-                groups.setdefault(call_key(sib.key, k), []).append(sib.index)
+                value = call_key(keys[sib.index], _tool_count(convs[sib.index]))
+                groups.setdefault(value, []).append(sib.index)
         for value, members in groups.items():
             key = canonical_key(spec["name"], {ARG: value})
-            needed: list[int] = []
+            needed: dict[int, int] = {}
             for i in members:
                 sib, conv = rp.siblings[i], convs[i]
                 turn = sib.turns[k]
                 if k + 1 == len(sib.turns):  # the answer
-                    calls[i].append({"max_tokens": turn.output_tokens, "answer": True})
+                    calls[i].append(
+                        {"max_tokens": turn.output_tokens, "answer": True} | steps.get(i, {})
+                    )
                     visible[i].append(turn.output_tokens)
                     continue
                 think = thinks[i]
-                shown = call_tokens(sib.key, k) + (think + 1 if think else 0)
+                shown = call_tokens(value) + (think + 1 if think else 0)
                 out = max(turn.output_tokens, shown)
                 if out != turn.output_tokens:
                     deviations.append(
                         f"sibling {i} turn {k}: {out} output tokens, {turn.output_tokens} "
                         "recorded (the replayed tool call's own length)"
                     )
-                calls[i].append({"max_tokens": out, "answer": False})
+                calls[i].append({"max_tokens": out, "answer": False} | steps.get(i, {}))
                 visible[i].append(shown)
                 conv.append(_call_message(spec["name"], value, k, think))
                 conv.append({"role": "tool", "tool_call_id": f"c{k}", "content": ""})
-                needed.append(sib.turns[k + 1].prompt_tokens - tokens(conv))
+                if sib.turns[k + 1].kept_tokens is None:  # a reset drops this result
+                    needed[i] = sib.turns[k + 1].prompt_tokens - tokens(conv)
             tooling = [i for i in members if k + 1 < len(rp.siblings[i].turns)]
             if not tooling:
                 continue
+            values.add(value)
             latency[key] = statistics.median(rp.siblings[i].turns[k].wait_s for i in tooling)
             floor = count_tokens(f"result[{key}]:")
-            size = max(floor, round(statistics.fmean(needed)))
+            size = max(floor, round(statistics.fmean(needed.values()))) if needed else floor
             result_tokens[key] = size
             text = result_text_tokens(key, size)
             for i in tooling:
                 convs[i][-1]["content"] = text
-                prompts[i].append(tokens(convs[i]))
+                if i in needed:
+                    prompts[i].append(tokens(convs[i]))
+                    why[(i, k + 1)] = (
+                        f"the tool result is shared by {len(needed)} siblings, sized to their mean"
+                        if len(set(needed.values())) > 1
+                        else "the replayed tool call, its text and the smallest result "
+                        "outgrow the recorded growth"
+                    )
+    deviations += _prompt_deviations(rp, prompts, why)
     return Synthesis(
         system=system,
         tasks=tasks,
@@ -389,11 +279,89 @@ def synthesize(rp: ReplayPlan, *, seed: int = 0) -> Synthesis:
         tool=spec,
         latency=latency,
         result_tokens=result_tokens,
-        keys=sorted({call_key(s.key, k) for s in rp.siblings for k in range(len(s.turns) - 1)}),
+        keys=sorted(values),
         prompts=prompts,
         visible=visible,
         deviations=deviations,
     )
+
+
+def _reset(
+    sib: SiblingPlan,
+    k: int,
+    conv: list[dict[str, Any]],
+    key: str,
+    think: int,
+    tokens: Callable[..., int],
+    deviations: list[str],
+    seed: int,
+) -> dict[str, Any]:
+    """Apply turn k's reset to `conv` (in place); returns the graph's step (`keep`, `text`).
+
+    The replay keeps whole messages, ending after a system, user or tool message
+    (never on an assistant tool call without its result, nor on the result just
+    returned): the boundary nearest the recorded kept prefix among those that
+    leave room for the new message.
+    """
+    from langgraph_batch.emulator.tokenizer import count_tokens, render_chat
+
+    turn = sib.turns[k]
+    kept = turn.kept_tokens or 0
+    user = {"role": "user", "content": ""}
+    last = len(conv) - 1 if conv and conv[-1]["role"] == "tool" else len(conv)
+    # Each turn renders on its own (the template's segments): the prefix of j messages
+    # is the system turn plus the next j - 1 segments, counted once each.
+    bounds = [tokens(conv[:1], gen=False)]
+    for msg in conv[1:last]:
+        bounds.append(bounds[-1] + count_tokens(render_chat([msg], add_generation_prompt=False)))
+    opening = count_tokens(render_chat([user]))  # the new message's frame and the reply's
+    options = [
+        (bounds[j - 1] + opening > turn.prompt_tokens, abs(bounds[j - 1] - kept), j)
+        for j in range(1, last + 1)
+        if conv[j - 1]["role"] != "assistant"
+    ]
+    m = min(options)[2]
+    head = RESET_HEAD.format(
+        index=sib.index,
+        turn=k,
+        key=key,
+        turns=_tool_count(conv[:m]) + len(sib.turns) - k,
+        think=f" think={think}-{think}" if think else "",
+    )
+    want = turn.prompt_tokens - bounds[m - 1] - opening
+    text = sized(head, want, random.Random(f"reset:{seed}:{sib.index}:{k}"))
+    got = bounds[m - 1]
+    if got != kept:
+        how = "estimated from its messages' sizes" if turn.kept_estimated else "recorded"
+        deviations.append(
+            f"sibling {sib.index} turn {k}: the reset keeps {got} tokens, {kept} {how} "
+            f"({got - kept:+d}: the replay keeps whole messages)"
+        )
+    conv[:] = [*conv[:m], {"role": "user", "content": text}]
+    return {"keep": m, "text": text}
+
+
+def _prompt_deviations(
+    rp: ReplayPlan, prompts: list[list[int]], why: dict[tuple[int, int], str]
+) -> list[str]:
+    """One line per replayed prompt whose length differs from the recorded one, and a total."""
+    rows, diffs = [], []
+    for sib, got in zip(rp.siblings, prompts, strict=True):
+        for k, (turn, n) in enumerate(zip(sib.turns, got, strict=False)):
+            if n != turn.prompt_tokens:
+                diffs.append(n - turn.prompt_tokens)
+                rows.append(
+                    f"sibling {sib.index} turn {k}: prompt {n} tokens, {turn.prompt_tokens} "
+                    f"recorded ({diffs[-1]:+d}: {why.get((sib.index, k), 'unexplained')})"
+                )
+    if not rows:
+        return []
+    total = sum(len(s.turns) for s in rp.siblings)
+    head = (
+        f"prompt sizes: {len(rows)} of {total} replayed prompts differ from the recording "
+        f"({sum(diffs):+d} tokens in all, the largest by {max(map(abs, diffs))}), each below"
+    )
+    return [head, *rows]
 
 
 def tool_config(syn: Synthesis, time_scale: float, seed: int) -> ToolServiceConfig:
@@ -418,8 +386,15 @@ def make_replay_job(
     contender: str,
     live: dict[str, Any] | None = None,
     prompts: tuple[str, list[str]] | None = None,
+    time_scale: float = 1.0,
+    start: str = "recorded",
 ) -> dict[str, Any]:
-    """The job a contender process runs for a replay (`workloads.make_job`'s format)."""
+    """The job a contender process runs for a replay (`workloads.make_job`'s format).
+
+    `start="recorded"`: each sibling waits its recorded start offset (divided
+    by `time_scale`, wall seconds) before its first call (`start_offsets`);
+    `"together"`: all start at once.
+    """
     from langgraph_batch.bench.workloads import bounded_concurrency
 
     system, tasks = prompts or (syn.system, syn.tasks)
@@ -452,16 +427,22 @@ def make_replay_job(
         "seed": 0,
         "simulation": None,
         "replay_calls": syn.calls,
+        "start_offsets": [s.start_s / time_scale for s in rp.siblings]
+        if start == "recorded"
+        else None,
     }
 
 
-def resident_bound(rp: ReplayPlan, syn: Synthesis, *, profile_name: str) -> dict[str, Any]:
+def resident_bound(
+    rp: ReplayPlan, syn: Synthesis, *, profile_name: str, start: str = "recorded"
+) -> dict[str, Any]:
     """The `ideal` entry of a replay: the emulator cost model's bound with contexts resident.
 
     The larger of the work (every prefill and decode token at the best batch
     composition, the shared prefix once, each context kept resident between
     its turns) and the longest sibling's critical path at batch-1 speed plus
-    its tool waits. Valid while the live contexts fit the KV cache together
+    its tool waits (after its start offset, unless `start="together"`); a reset
+    keeps only its kept prefix resident. Valid while the live contexts fit the KV cache together
     (said in `note` when they do not).
     """
     from langgraph_batch.bench.contenders.ideal import MAX_BATCHED_TOKENS, work_bound
@@ -472,9 +453,12 @@ def resident_bound(rp: ReplayPlan, syn: Synthesis, *, profile_name: str) -> dict
     prefill, attn, decode, decode_kv = shared, shared * shared / 2, 0, 0.0
     chain, critical, peak = 0, 0.0, 0
     for sib, prompts, shown in zip(rp.siblings, syn.prompts, syn.visible, strict=True):
-        resident, path, length = shared, 0.0, 0
+        resident, length = shared, 0
+        path = sib.start_s if start == "recorded" else 0.0
         for k, turn in enumerate(sib.turns):
             prompt, out = prompts[k], syn.calls[sib.index][k]["max_tokens"]
+            if turn.kept_tokens is not None:  # a reset: only the kept prefix is reused
+                resident = min(resident, max(shared, turn.kept_tokens))
             new = max(0, prompt - resident)
             prefill += new
             attn += new * (resident + new / 2)

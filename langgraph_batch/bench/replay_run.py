@@ -9,6 +9,18 @@ the same way) and `fidelity`: each contender's replayed figure over the
 recorded one, for the token counts, cache hits, tool waits and makespan.
 Written as `<out>/replay.json` and `<out>/replay.md`. `FILE` may also be a
 trace in another format (`--format`; `langgraph_batch.record.import_trace`).
+
+Tool waits are tools only on both sides: the recorded tool time of each
+turn (`replay_plan.recorded_figures`) against the replayed tool calls'
+spans; the time a sibling back from its tools waits before its next model
+call (a fan_out's admission hold) is `hold_mean_s`, reported apart. Both
+come from `timeline.split_gaps`, the definition the bench report's "where
+the time went" table reads too.
+
+Siblings start at their recorded offsets (scaled by the time scale) unless
+`start="together"`; every synthesized prompt, output or kept prefix that
+differs from the recording is in `deviations` (the first 20 also among the
+Markdown report's warnings, with the count of the rest).
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from langgraph_batch.bench import live, metrics, replay
+from langgraph_batch.bench import live, metrics, replay, timeline
 from langgraph_batch.bench.harness import (
     MODEL,
     _finish_entry,
@@ -29,14 +41,25 @@ from langgraph_batch.bench.harness import (
     run_contender,
     versions,
 )
-from langgraph_batch.bench.report import dumps
+from langgraph_batch.bench.report import breakdown_markdown, dumps
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.record import TraceFormat, import_trace
 
-__all__ = ("REPLAY_CONTENDERS", "compare", "markdown", "run_replay", "write")
+__all__ = (
+    "REPLAY_CONTENDERS",
+    "STARTS",
+    "compare",
+    "gap_figures",
+    "markdown",
+    "run_replay",
+    "write",
+)
 
 REPLAY_CONTENDERS = ("naive", "naive-bounded", "langgraph-batch", "ideal")
 PROFILE = "h100-llama3-8b"
+STARTS = ("recorded", "together")
+"""How replayed siblings start: at their recorded offsets, or all at once."""
+SHOWN_DEVIATIONS = 20
 COMPARED = (
     "llm_requests",
     "prompt_tokens",
@@ -49,17 +72,18 @@ COMPARED = (
 )
 
 
-def _waits(timeline: Mapping[str, Sequence[Sequence[Any]]]) -> list[float]:
-    out: list[float] = []
-    for events in timeline.values():
-        last_end: float | None = None
-        for t, what in events:
-            if what == "llm_end":
-                last_end = t
-            elif what == "llm_start" and last_end is not None:
-                out.append(t - last_end)
-                last_end = None
-    return out
+def gap_figures(timeline_: Mapping[str, Sequence[Sequence[Any]]]) -> dict[str, Any]:
+    """Mean tool and hold time between model calls over every sibling (`timeline.split_gaps`)."""
+    gaps = [g for events in timeline_.values() for g in timeline.split_gaps(events)]
+    if not gaps:
+        return {"tool_wait_mean_s": None, "tool_wait_total_s": 0.0, "hold_mean_s": None,
+                "gap_mean_s": None}  # fmt: skip
+    return {
+        "tool_wait_mean_s": statistics.fmean(g["tool"] for g in gaps),
+        "tool_wait_total_s": sum(g["tool"] for g in gaps),
+        "hold_mean_s": statistics.fmean(g["hold"] for g in gaps),
+        "gap_mean_s": statistics.fmean(g["gap"] for g in gaps),
+    }
 
 
 def compare(recorded: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,12 +96,6 @@ def compare(recorded: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def _entry_waits(entry: dict[str, Any]) -> None:
-    waits = _waits(entry.get("timeline") or {})
-    entry["tool_wait_mean_s"] = statistics.fmean(waits) if waits else None
-    entry["tool_wait_total_s"] = sum(waits)
-
-
 def run_replay(
     path: Path,
     *,
@@ -88,11 +106,23 @@ def run_replay(
     target: live.ServerTarget | None = None,
     trace_format: TraceFormat | None = None,
     max_gap_s: float | None = None,
+    start: str = "recorded",
 ) -> dict[str, Any]:
     """Replay the recording at `path` with `contenders`; returns the results dict.
 
-    `trace_format` and `max_gap_s` are `record.import_trace`'s `format` (None:
-    detected) and `max_gap_s`: a trace in another format replays the same way.
+    Args:
+        path: the recording (`langgraph_batch.record`).
+        contenders: which of `REPLAY_CONTENDERS` run (or `naive-bounded-<k>`).
+        time_scale: the emulator's clock speed-up; tool latencies and start
+            offsets shrink with it (1.0 on a live server).
+        seed: the emulator's and the synthesis's seed.
+        timeout: seconds each contender may run.
+        target: a live server, or None for the emulator.
+        start: `"recorded"` (each sibling at its recorded start offset) or
+            `"together"` (all at once).
+        trace_format: `record.import_trace`'s `format` (None: detected): a
+            trace in another format replays the same way.
+        max_gap_s: `record.import_trace`'s `max_gap_s` (caps the waits).
 
     Raises:
         ValueError: the file is not a recording this library can replay.
@@ -101,6 +131,8 @@ def run_replay(
     from langgraph_batch.emulator.config import EmulatorConfig
     from langgraph_batch.emulator.process import EmulatorProcess
 
+    if start not in STARTS:
+        raise ValueError(f"start={start!r}: choose from {', '.join(STARTS)}")
     recording = import_trace(path, format=trace_format, max_gap_s=max_gap_s)
     rp = replay.plan(recording)
     syn = replay.synthesize(rp, seed=seed)
@@ -113,7 +145,12 @@ def run_replay(
         f"{rp.recorded['tool_calls_requested']} tool calls; contenders {', '.join(contenders)}"
     )
     results: dict[str, Any] = {}
-    warnings = list(rp.warnings) + syn.deviations[:20]
+    warnings = list(rp.warnings) + syn.deviations[:SHOWN_DEVIATIONS]
+    if len(syn.deviations) > SHOWN_DEVIATIONS:
+        warnings.append(
+            f"... and {len(syn.deviations) - SHOWN_DEVIATIONS} more deviations "
+            "(all of them under `deviations` in replay.json)"
+        )
     with ExitStack() as stack:
         if target is None:
             cfg = EmulatorConfig(
@@ -137,10 +174,16 @@ def run_replay(
             sizer = live.Sizer(target)
             prompts = replay.live_texts(syn, rp, sizer, live.run_nonce())
             server["prompt_sizing"] = sizer.method
+            resets = sum(1 for cs in syn.calls for c in cs if "keep" in c)
+            if resets:  # only the system prompt and tasks are sized with /tokenize
+                warnings.append(
+                    f"{resets} reset messages are sized in the emulator's tokens, not the "
+                    "server's: their prompts are estimates"
+                )
         tool_url = stack.enter_context(tool_service(replay.tool_config(syn, scale, seed)))
         for name in contenders:
             if name == "ideal":
-                results[name] = replay.resident_bound(rp, syn, profile_name=PROFILE)
+                results[name] = replay.resident_bound(rp, syn, profile_name=PROFILE, start=start)
                 continue
             if target is None:
                 metrics.reset_emulator(llm_url)
@@ -150,7 +193,7 @@ def run_replay(
             metrics.reset_tools(tool_url)
             job = replay.make_replay_job(
                 rp, syn, llm_url=llm_url, tool_url=tool_url, model=model, contender=name,
-                live=live_opts, prompts=prompts,
+                live=live_opts, prompts=prompts, time_scale=scale, start=start,
             )  # fmt: skip
             t0 = time.monotonic()
             client, error, _ = run_contender(name, job, timeout=timeout)
@@ -174,7 +217,7 @@ def run_replay(
             _finish_entry(
                 entry, job=job, client=client, server_delta=delta, phases=phases, scale=scale
             )
-            _entry_waits(entry)
+            entry.update(gap_figures(entry.get("timeline") or {}))
             entry["fidelity"] = compare(rp.recorded, entry)
             results[name] = entry
             log(
@@ -198,11 +241,14 @@ def run_replay(
             "server": server,
             "shared_prefix_tokens": rp.shared_tokens,
             "tool_keys": len(syn.latency),
+            "start": start,
+            "resets": sum(t.kept_tokens is not None for s in rp.siblings for t in s.turns),
         },
         "versions": versions(),
         "recorded": rp.recorded,
         "contenders": results,
         "warnings": warnings,
+        "deviations": syn.deviations,
     }
 
 
@@ -228,8 +274,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"{params['times']}).",
         "",
         "| run | makespan s | prompt tokens | cached tokens | hit rate | output tokens "
-        "| model calls | tool calls | mean tool wait s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model calls | tool calls | mean tool wait s | mean hold s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def row(name: str, e: Mapping[str, Any]) -> str:
@@ -237,7 +283,8 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"| {name} | {_fmt(e.get('makespan_s'))} | {_fmt(e.get('prompt_tokens'))} | "
             f"{_fmt(e.get('cached_tokens'))} | {_fmt(e.get('cache_hit_rate'), 3)} | "
             f"{_fmt(e.get('generation_tokens'))} | {_fmt(e.get('llm_requests'))} | "
-            f"{_fmt(e.get('tool_calls_requested'))} | {_fmt(e.get('tool_wait_mean_s'), 3)} |"
+            f"{_fmt(e.get('tool_calls_requested'))} | {_fmt(e.get('tool_wait_mean_s'), 3)} | "
+            f"{_fmt(e.get('hold_mean_s'), 3)} |"
         )
 
     lines.append(row("recorded", rec))
@@ -245,16 +292,26 @@ def markdown(result: Mapping[str, Any]) -> str:
         if "error" in entry:
             lines.append(f"| {name} | FAILED: {str(entry['error'])[:80]} |")
         elif name == "ideal":
-            lines.append(f"| ideal (bound) | {_fmt(entry.get('makespan_s'))} | | | | | | | |")
+            lines.append(f"| ideal (bound) | {_fmt(entry.get('makespan_s'))} | | | | | | | | |")
         else:
             lines.append(row(name, entry))
-    lines += ["", "Replayed / recorded:", ""]
+    lines += [
+        "",
+        "Mean tool wait: inside tool calls only; mean hold: back from the tools, before the "
+        "next model call (admission holds, graph steps); see `bench.timeline.split_gaps`.",
+        "",
+        "Replayed / recorded:",
+        "",
+    ]
     lines.append("| contender | " + " | ".join(COMPARED) + " |")
     lines.append("|" + " --- |" * (len(COMPARED) + 1))
     for name, entry in result["contenders"].items():
         fid = entry.get("fidelity")
         if fid:
             lines.append(f"| {name} | " + " | ".join(_fmt(fid[k], 3) for k in COMPARED) + " |")
+    split = breakdown_markdown(result["contenders"])  # the same split of the waits
+    if split:
+        lines += ["", *(split[:-1] if split[-1] == "" else split)]
     if result.get("warnings"):
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in result["warnings"]]
     return "\n".join(lines) + "\n"

@@ -117,7 +117,7 @@ def breakdown_markdown(contenders: Mapping[str, Mapping[str, Any]]) -> list[str]
         return []
     header = (
         "| contender | latency | not started | client queue | server queue | prefill | "
-        "decode | tool | other |"
+        "decode | tool | hold | other |"
     )
     lines = [
         "Where the mean sibling's time went (s; server phases from /metrics):",
@@ -136,6 +136,7 @@ def breakdown_markdown(contenders: Mapping[str, Mapping[str, Any]]) -> list[str]
                 "prefill",
                 "decode",
                 "tool",
+                "hold",
                 "other",
             )
         ]

@@ -12,7 +12,13 @@ sibling's latency then splits into:
   scheduler queue, connection waits, HTTP, the server's request path);
 - `server_queue`, `prefill`, `decode`: the server's phases of its requests;
 - `tool`: inside tool calls (coalescing waits included);
+- `hold`: back from its tools but not yet in its next model call (a
+  fan_out's admission holding the sibling until the KV budget has room or
+  a place frees, and the graph's step to the model node);
 - `other`: the rest (graph steps between nodes, client CPU).
+
+`split_gaps` is the one definition of tool, hold and other time between two
+model calls: this breakdown and the replay's fidelity (`replay_run`) read it.
 
 Server phases come as run totals, so the split of `llm` is per mean sibling,
 not per sibling. Times are emulated seconds (wall x time scale; engine
@@ -25,7 +31,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ("BREAKDOWN_KEYS", "breakdown", "per_sibling")
+__all__ = ("BREAKDOWN_KEYS", "breakdown", "per_sibling", "split_gaps")
 
 BREAKDOWN_KEYS = (
     "not_started",
@@ -34,6 +40,7 @@ BREAKDOWN_KEYS = (
     "prefill",
     "decode",
     "tool",
+    "hold",
     "other",
 )
 
@@ -48,6 +55,53 @@ def per_sibling(
     for index, done in enumerate(completions):
         if done is not None:
             out.setdefault(str(index), []).append([round(done * scale, 4), "done"])
+    return out
+
+
+def split_gaps(events: Sequence[Sequence[Any]]) -> list[dict[str, float]]:
+    """Each wait of one sibling between a model call's end and its next call's start, split.
+
+    - `tool`: inside its tool calls (the union of their spans: parallel calls
+      overlap), coalescing waits included;
+    - `hold`: from its last tool's end to the next model call's start: back
+      from its tools, held (a fan_out's admission until the KV budget has room
+      or a place frees) or stepping through the graph;
+    - `other`: from the model call's end to its first tool's start (graph
+      steps); a wait without any tool call is all `other`.
+
+    Args:
+        events: one sibling's timeline, `[[t, what], ...]` in time order.
+
+    Returns:
+        One `{"tool", "hold", "other", "gap"}` dict (seconds) per wait.
+    """
+    out: list[dict[str, float]] = []
+    opened: float | None = None  # the last model call's end, while waiting
+    first = last = 0.0  # first tool start, last tool end of this wait
+    inside, since, tool = 0, 0.0, 0.0
+    for t, what in events:
+        if what == "llm_end":
+            opened, first, last, inside, tool = t, -1.0, -1.0, 0, 0.0
+        elif opened is None:
+            continue
+        elif what == "tool_start":
+            if inside == 0:
+                since = t
+                first = t if first < 0 else first
+            inside += 1
+        elif what == "tool_end" and inside:
+            inside -= 1
+            if inside == 0:
+                tool += t - since
+                last = t
+        elif what == "llm_start":
+            gap = t - opened
+            if first < 0:
+                out.append({"tool": 0.0, "hold": 0.0, "other": gap, "gap": gap})
+            else:
+                hold = t - last
+                out.append({"tool": tool, "hold": hold, "other": gap - tool - hold, "gap": gap})
+            opened = None
     return out
 
 
@@ -79,12 +133,14 @@ def breakdown(
             continue
         starts = [t for t, what in events if what in ("start", "llm_start")]
         start = min(starts) if starts else done[0]
+        gaps = split_gaps(events)
         rows.append(
             (
                 done[0],
                 start,
                 _spans(events, "llm_start", "llm_end"),
-                _spans(events, "tool_start", "tool_end"),
+                sum(g["tool"] for g in gaps),
+                sum(g["hold"] for g in gaps),
             )
         )
     if not rows:
@@ -94,6 +150,7 @@ def breakdown(
     not_started = statistics.fmean(r[1] for r in rows)
     llm = statistics.fmean(r[2] for r in rows)
     tool = statistics.fmean(r[3] for r in rows)
+    hold = statistics.fmean(r[4] for r in rows)
     server = server or {}
     phases = {
         "server_queue": server.get("queue_time_s"),
@@ -108,6 +165,7 @@ def breakdown(
     out["client_queue"] = llm - on_server
     out["llm"] = llm
     out["tool"] = tool
-    out["other"] = latency - not_started - llm - tool
+    out["hold"] = hold
+    out["other"] = latency - not_started - llm - tool - hold
     out["server_phases"] = "metrics" if split else None
     return out

@@ -12,7 +12,8 @@ One JSON object per line, each with a `type`:
   `cached_tokens` (prompt tokens the server had cached; null when it does not
   say), `output_tokens` (tokens; null when the server reports no usage),
   `messages` (messages sent), `prefix_messages` (leading messages identical to
-  the sibling's previous call: the conversation grows by appending),
+  the sibling's previous call: all of them when the conversation grew by
+  appending, fewer after a reset or compaction),
   `first_messages` (leading messages identical to the run's first call: the
   shared system prompt), `prefix_tokens` (optional: prompt tokens this call
   shares with the sibling's previous call, its previous prompt plus reply when

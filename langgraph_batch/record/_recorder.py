@@ -132,6 +132,8 @@ class Recorder(BaseCallbackHandler):
         self._siblings: dict[Any, int] = {}
         self._turns: dict[int, int] = {}
         self._ends: dict[tuple[str, ...], list[int]] = {}
+        self._last: dict[int, tuple[str, ...]] = {}
+        """A fan_out sibling's last call's messages (a reset keeps only some of them)."""
         self._first: tuple[str, ...] | None = None
         self._call_ids: dict[str, tuple[int, int]] = {}
         self._firsts: list[LLMCall] = []
@@ -232,7 +234,13 @@ class Recorder(BaseCallbackHandler):
                 if waiting and sibling in waiting:
                     waiting.remove(sibling)
                     return sibling, n
-            return sibling, 0
+            # No continuation: a reset or compaction keeps a prefix of its previous call.
+            last = self._last.get(sibling, ())
+            kept = next(
+                (i for i, (a, b) in enumerate(zip(hashes, last, strict=False)) if a != b),
+                min(len(hashes), len(last)),
+            )
+            return sibling, kept
         for n in range(len(hashes) - 1, 0, -1):  # the longest conversation this one continues
             waiting = self._ends.get(hashes[:n])
             if waiting:
@@ -262,6 +270,7 @@ class Recorder(BaseCallbackHandler):
             call.start = self._now()
             call.hashes = hashes
             call.sibling, call.prefix = self._sibling_of(hashes)
+            self._last[call.sibling] = hashes
             call.turn = self._turns.get(call.sibling, 0)
             self._turns[call.sibling] = call.turn + 1
             if self._first is None:

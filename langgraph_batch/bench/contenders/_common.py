@@ -168,6 +168,13 @@ def warmup_job(job: dict[str, Any]) -> dict[str, Any]:
         tool_keys=[WARMUP_KEY],
         task_keys=[WARMUP_KEY] if job.get("task_keys") else None,
         turns_per_task=[min(2, int(job.get("turns") or 2))],
+        start_offsets=None,  # a replay's: the warm-up starts at once
+        replay_calls=[  # a replay's first sibling's lengths, without its resets
+            [{"max_tokens": c["max_tokens"], "answer": c["answer"]} for c in cs]
+            for cs in job["replay_calls"][:1]
+        ]
+        if job.get("replay_calls")
+        else None,
     )
 
 

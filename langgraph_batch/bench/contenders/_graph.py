@@ -20,12 +20,20 @@ Replays (`langgraph-batch bench --replay`, `job["replay_calls"]`): each
 model call of sibling i's turn k is bound to that call's recorded output
 length (`max_tokens` + `ignore_eos`, which any vLLM honours), and with
 forced shapes the plan, not a turn count, says which call is the answer.
+A recorded reset or compaction is a step of its call (`keep`, `text`): the
+sibling's conversation drops to its first `keep` messages and a user
+message `text` follows, before the call; the state keeps the result, so the
+turns after it grow from there (the server sees the recorded prefix reuse).
+A sibling's recorded start offset (`job["start_offsets"]`, wall seconds
+from the run's start) delays its first model call; see `wait_start`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import operator
+import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -35,12 +43,13 @@ from langchain_core.messages import (
     AIMessage,
     AnyMessage,
     HumanMessage,
+    RemoveMessage,
     SystemMessage,
     ToolMessage,
 )
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
+from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.prebuilt import tools_condition
 from pydantic import BaseModel, Field, create_model
 
@@ -53,7 +62,12 @@ emulated model's convention, by `forced_call_options`."""
 
 REPLAY_CALLS: dict[int, list[dict[str, Any]]] = {}
 """The run's per-call plan of a replay (`bind` sets it from the job; empty otherwise):
-sibling -> one `{"max_tokens": int, "answer": bool}` per model call."""
+sibling -> one `{"max_tokens": int, "answer": bool}` per model call, with `keep`
+(messages kept) and `text` (the new user message) on a reset."""
+
+REPLAY_STARTS: dict[int, float] = {}
+"""A replay's start offsets (`bind` sets it from `job["start_offsets"]`): sibling ->
+wall seconds after the run's start before its first model call."""
 
 
 class AgentState(TypedDict, total=False):
@@ -62,6 +76,8 @@ class AgentState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     index: int
     answer: str
+    calls: int
+    """Model calls made so far (a reset drops earlier replies: they cannot be counted)."""
 
 
 class ParentState(TypedDict, total=False):
@@ -146,6 +162,42 @@ async def record_tool_call(request: Any, execute: Any) -> Any:
         RECORDER.event(index, "tool_end")
 
 
+async def wait_start(offset: float) -> None:
+    """Wait until `offset` wall seconds after the run's start (a replayed start offset).
+
+    Inside a fan_out the wait counts as a tool wait to the admission gate: the
+    sibling gives up its active place while it waits (`tool_enter`) and asks
+    for it back, as a sibling returning from a tool, when its time comes; the
+    gate may pause its KV booking meanwhile (a long wait goes first). The
+    contenders order their siblings by start offset, so a waiting sibling
+    never holds a concurrency slot (LangGraph's `max_concurrency`, a FIFO
+    semaphore) that a sibling due earlier is waiting for.
+    """
+    from langgraph_batch._context import current_sibling
+
+    delay = RECORDER.t0 + offset - time.monotonic()
+    if delay <= 0:
+        return
+    sibling = current_sibling()
+    if sibling is None:
+        await asyncio.sleep(delay)
+        return
+    await sibling.tool_enter("replay-start")
+    try:
+        await asyncio.sleep(delay)
+    except asyncio.CancelledError:
+        sibling.tool_abandon()
+        raise
+    await sibling.tool_exit()
+
+
+def start_order(job: dict[str, Any]) -> list[int]:
+    """The siblings in the order they start (by `job["start_offsets"]`, stable)."""
+    n = len(job["tasks"])
+    offsets = job.get("start_offsets") or [0.0] * n
+    return sorted(range(n), key=lambda i: offsets[i] if i < len(offsets) else 0.0)
+
+
 def turns_of(job: dict[str, Any]) -> int | list[int]:
     """Each sibling's model calls (`turns_per_task`), else the job's one count.
 
@@ -180,18 +232,24 @@ def build_agent(
         index = state["index"]
         messages = state["messages"]
         tool_results = sum(1 for m in messages if isinstance(m, ToolMessage))
-        if not any(isinstance(m, AIMessage) for m in messages):
+        turn = state.get("calls", 0)
+        if turn == 0:
+            if REPLAY_STARTS.get(index):
+                await wait_start(REPLAY_STARTS[index])
             RECORDER.event(index, "start")
         own = turns if isinstance(turns, int) else turns[index]
         answering = answer_llm is not None and tool_results >= own - 1
         chosen = answer_llm if answering else llm
         plan = REPLAY_CALLS.get(index)
-        turn = sum(1 for m in messages if isinstance(m, AIMessage))
+        update: list[Any] = []  # RemoveMessage, then the kept messages
         if plan is not None and turn < len(plan):
             call = plan[turn]
             if answer_llm is not None:
                 chosen = answer_llm if call["answer"] else llm
             chosen = chosen.bind(max_tokens=call["max_tokens"], extra_body={"ignore_eos": True})
+            if call.get("keep") is not None:  # a recorded reset: keep a prefix, then new text
+                messages = [*messages[: call["keep"]], HumanMessage(call["text"])]
+                update = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *messages]
         if not answering and index in FORCED_KEYS and (plan is None or turn >= len(plan)):
             chosen = chosen.bind(**forced_call_options(FORCED_KEYS[index], tool_results))
         if per_sibling is not None:
@@ -205,7 +263,7 @@ def build_agent(
         RECORDER.output("tool" if calls else "answer", _output_tokens(msg))
         for call in calls:
             RECORDER.tool_args.extend(str(v) for v in (call.get("args") or {}).values())
-        return {"messages": [msg]}
+        return {"messages": [*update, msg], "calls": turn + 1}
 
     def finish(state: AgentState) -> dict[str, Any]:
         last = state["messages"][-1]
@@ -240,6 +298,8 @@ def bind(llm: BaseChatModel, tools: Sequence[BaseTool], job: dict[str, Any]) -> 
     """
     REPLAY_CALLS.clear()
     REPLAY_CALLS.update(enumerate(job.get("replay_calls") or []))
+    REPLAY_STARTS.clear()
+    REPLAY_STARTS.update(enumerate(job.get("start_offsets") or []))
     FORCED_KEYS.clear()
     if job.get("forced_shapes") and job.get("task_keys") and tools:
         FORCED_KEYS.update(enumerate(job["task_keys"]))

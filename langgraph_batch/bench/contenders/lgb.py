@@ -133,6 +133,7 @@ def main() -> None:
         bind_answer,
         make_http_client,
         make_tools,
+        start_order,
     )
     from langgraph_batch.nodes.fan_out import SiblingError
     from langgraph_batch.tools import coalesce
@@ -145,11 +146,11 @@ def main() -> None:
         tools = [coalesce(t) for t in make_tools(job, client)]
         llm = bind(base, tools, job)
         graph = build(job, llm, tools, bind_answer(answer_base, tools))
-        tasks = [{"index": i} for i in range(len(job["tasks"]))]
+        tasks = [{"index": i} for i in start_order(job)]
         out = await graph.ainvoke({"tasks": tasks}, {"recursion_limit": 10_000})
-        for i, r in enumerate(out.get("results") or []):
+        for task, r in zip(tasks, out.get("results") or [], strict=False):
             if isinstance(r, SiblingError):
-                RECORDER.failed(i, f"{r.error_type}: {r.message}")
+                RECORDER.failed(task["index"], f"{r.error_type}: {r.message}")
 
     async def teardown() -> None:
         await base.get_scheduler().aclose()

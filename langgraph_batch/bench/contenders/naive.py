@@ -125,6 +125,7 @@ def main() -> None:
         bind_answer,
         make_http_client,
         make_tools,
+        start_order,
     )
 
     client = make_http_client()
@@ -145,7 +146,7 @@ def main() -> None:
         config: dict[str, Any] = {"recursion_limit": 10_000}
         if job.get("max_concurrency"):
             config["max_concurrency"] = int(job["max_concurrency"])
-        tasks = [{"index": i} for i in range(len(job["tasks"]))]
+        tasks = [{"index": i} for i in start_order(job)]
         await graph.ainvoke({"tasks": tasks, "results": []}, config)
 
     emit(run_measured(job, run, teardown=client.aclose))

@@ -417,3 +417,34 @@ def test_a_number_no_run_could_record_is_refused_with_its_line(
         parse_lines([header, json.dumps(call)])
     call[field] = {"turn": 2, "prompt_tokens": 100, "output_tokens": 7}.get(field, 0.5)
     assert len(parse_lines([header, json.dumps(call)]).calls) == 1
+
+
+def test_a_fan_out_siblings_reset_keeps_its_common_prefix() -> None:
+    # Inside a fan_out the recorder knows the sibling: a call that continues none of its
+    # conversation's ends (its context was trimmed) shares its leading messages with the
+    # sibling's previous call, and says how many (the replay reads a reset from that).
+    from langgraph_batch._context import SiblingInfo, sibling_scope
+
+    buf = io.StringIO()
+    rec = Recorder(buf, clock=Clock())
+    task = HumanMessage("task")
+    with sibling_scope(SiblingInfo(group="g", index=0)):
+        run = uuid4()
+        rec.on_chat_model_start({}, [[SYSTEM, task]], run_id=run)
+        first = reply("thinking", usage=usage(100, 10))
+        rec.on_llm_end(first, run_id=run)
+        run = uuid4()
+        grown = [SYSTEM, task, first.generations[0][0].message, HumanMessage("more")]  # type: ignore[attr-defined]
+        rec.on_chat_model_start({}, [grown], run_id=run)
+        rec.on_llm_end(reply("ok", usage=usage(130, 10)), run_id=run)
+        run = uuid4()
+        rec.on_chat_model_start({}, [[SYSTEM, task, HumanMessage("summary")]], run_id=run)
+        rec.on_llm_end(reply("done", usage=usage(110, 5)), run_id=run)
+    rec.close()
+    rows = [r for r in lines(buf) if r["type"] == "llm"]
+    assert [(r["turn"], r["messages"], r["prefix_messages"]) for r in rows] == [
+        (0, 2, 0),
+        (1, 4, 3),
+        (2, 3, 2),  # system and task kept of the previous 4: a reset
+    ]
+    assert rows[2]["new"][0][0] == "user"
