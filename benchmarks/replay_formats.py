@@ -10,8 +10,8 @@ randomness), one small agent job in each format to
 The job: 4 sessions of 3 turns; every session's first prompt is a shared
 4096-token system prompt plus a 1024- or 2048-token task; each later turn
 appends 1024 or 2048 tokens (the reply and the tool result) to the previous
-prompt (append-only: the replay reproduces it today, before resets and start
-offsets are replayed); outputs of 60-100 tokens; waits of 0.4-1.0 s between
+prompt (append-only; resets and start offsets are covered by
+`tests/integration/test_replay_formats.py`); outputs of 60-100 tokens; waits of 0.4-1.0 s between
 turns. Prompt lengths are whole 512-token blocks, so the hash ids carry them
 exactly. In kvtrace the sessions are one trace's main agent and three
 sub-agents (64-token blocks).
