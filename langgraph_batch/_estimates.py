@@ -37,8 +37,10 @@ from __future__ import annotations
 __all__ = (
     "CHARS_PER_TOKEN",
     "CONTEXT_TOKENS_PRIOR",
+    "DECODE_S_PER_TOKEN",
     "GENEROUS_BYTES_PER_TOKEN",
     "KV_HEADROOM",
+    "PREFILL_S_PER_TOKEN",
     "TEMPLATE_TOKENS",
     "generous_tokens",
     "kv_budget",
@@ -79,6 +81,14 @@ KV_HEADROOM = 0.85
 The rest absorbs what bookings do not see: estimates that come out low, other
 clients of the server, the blocks of requests being prefilled. Full bookings
 would mean preemptions, whose recomputed prefill costs more than the 15% held back."""
+
+PREFILL_S_PER_TOKEN = 1e-4
+"""A model call's prefill time per prompt token (10,000 tokens/s), where an imported
+trace gives no end time (`record.import_trace`): an order of magnitude, not a profile."""
+
+DECODE_S_PER_TOKEN = 0.02
+"""A model call's time per output token (50 tokens/s, one sequence), where an imported
+trace gives no end time: an order of magnitude, not a profile."""
 
 
 def typical_tokens(chars: int, *, messages: int = 0) -> int:

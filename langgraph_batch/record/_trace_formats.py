@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from langgraph_batch._estimates import DECODE_S_PER_TOKEN, PREFILL_S_PER_TOKEN
+
 __all__ = (
     "DECODE_S_PER_TOKEN",
     "KVTRACE_BLOCK",
@@ -44,10 +46,6 @@ TRACELAB_COLUMNS = (
     "output_len",
     "tool_wait_after_ms",
 )
-PREFILL_S_PER_TOKEN = 1e-4
-"""The estimated prefill time per prompt token (10,000 tokens/s) where a trace gives no end."""
-DECODE_S_PER_TOKEN = 0.02
-"""The estimated time per output token (50 tokens/s, one sequence) where a trace gives no end."""
 _MAX_TOKENS = 1 << 24
 _DC: dict[str, bool] = {"slots": True, "kw_only": True}
 
