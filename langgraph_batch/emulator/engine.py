@@ -65,7 +65,7 @@ from typing import Literal
 from langgraph_batch.emulator._engine_types import EngineCounters, ScheduledStep
 from langgraph_batch.emulator.costs import Profile, StepShape
 from langgraph_batch.emulator.kv_cache import BLOCK_SIZE, KVCache
-from langgraph_batch.emulator.offload import OffloadTier
+from langgraph_batch.emulator.offload import OffloadCounters, OffloadTier
 from langgraph_batch.emulator.request import Request, RequestStatus
 
 __all__ = (
@@ -277,6 +277,8 @@ class Engine:
         self.counters = EngineCounters()
         self.kv.evictions = 0
         self.finished_log.clear()
+        if self.offload is not None:
+            self.offload.counters = OffloadCounters()
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix (blocks held by running requests stay)."""

@@ -184,6 +184,34 @@ def test_the_tier_evicts_least_recently_used_tail_first() -> None:
     assert tier.counters.evicted_blocks == 3
 
 
+def test_a_preempted_request_loads_its_prompt_back() -> None:
+    """Preemption by recompute becomes a load for the prompt the tier holds.
+
+    4 usable GPU blocks, tier of 8. R1, R2: 32 prompt tokens, 20 output, admitted
+    together (2 blocks each, both prompts stored). R1's first decode needs a
+    third block: the last running request, R2, is preempted
+    (`Scheduler._preempt_request`) and R1 takes R2's freed blocks as it grows
+    (49 tokens: 4 blocks). When R1 finishes, R2 is looked up again
+    (`num_computed_tokens == 0`): its GPU blocks are gone, the tier holds its
+    2 prompt blocks: 32 tokens loaded, and of its 33 known tokens only the
+    generated one is computed. Prefill computed: 32 + 32 with the tier, 32 +
+    32 + 32 without. The load is not an external hit in the counters: vLLM
+    records a re-admitted request's hits as `preempted_*` (`PrefixCacheStats.record`).
+    """
+    for tier_blocks, prefill in ((8, 64), (None, 96)):
+        engine = _engine(gpu_blocks=4, tier_blocks=tier_blocks)
+        r1, r2 = _req("R1", _ids(32, 1), out=20), _req("R2", _ids(32, 500), out=20)
+        simulate(engine, [(0.0, r1), (0.0, r2)])
+        assert engine.counters.preemptions == 1
+        assert r2.num_preemptions == 1
+        assert engine.counters.prefill_tokens_computed == prefill
+        assert r2.finished
+        if engine.offload is not None:
+            # Loaded, but a re-admission's hits count as `preempted_*` (PrefixCacheStats.record).
+            assert engine.offload.counters.loaded_tokens == 32
+            assert engine.offload.counters.external_hits == 0
+
+
 def test_an_offer_larger_than_the_evictable_tier_stores_nothing() -> None:
     """`prepare_store` fails the whole offer when too few chunks are evictable.
 
