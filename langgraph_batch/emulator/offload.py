@@ -166,7 +166,12 @@ class OffloadTier:
         short = len(new) - (self.num_blocks - len(lru))
         if short > 0:
             protected = set(offer)
-            victims = [h for h in lru if h not in protected][:short]
+            victims: list[int] = []
+            for h in lru:  # least recently used first; stop once enough are found
+                if h not in protected:
+                    victims.append(h)
+                    if len(victims) == short:
+                        break
             if len(victims) < short:
                 self.counters.allocation_failures += 1
                 return  # offered again at its next step
