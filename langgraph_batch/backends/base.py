@@ -185,6 +185,11 @@ class EngineMetrics:
     generation_tokens_total: float | None = None
     kv_capacity_tokens: int | None = None
     """block_size * num_gpu_blocks from `vllm:cache_config_info` (SGLang: max_total_num_tokens)."""
+    kv_offload_tokens: int | None = None
+    """Capacity of the server's second KV tier in host memory, in tokens (vLLM's
+    `--kv-offloading-size`: its `vllm:cache_config_info` label in GiB, over the
+    bytes per token that `kv_cache_memory_bytes` / `kv_cache_size_tokens` give);
+    None: no tier, or its size in tokens cannot be told."""
     block_size: int | None = None
     prefix_caching: bool | None = None
     cache_hit_rate: float | None = None

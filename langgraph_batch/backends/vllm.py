@@ -98,6 +98,30 @@ def _int_label(labels: dict[str, str], name: str) -> int | None:
         return None
 
 
+def _offload_tokens(labels: dict[str, str], block_size: int | None) -> int | None:
+    """The second KV tier in tokens from one engine's `vllm:cache_config_info` labels.
+
+    vLLM (>= 0.12) labels every `CacheConfig` field: `kv_offloading_size` is the
+    tier's GiB ("None": no tier), sized by `CPUOffloadingSpec` in whole blocks of
+    `cpu_bytes_to_use = GiB * 2**30`. The bytes of a token come from
+    `kv_cache_memory_bytes` over `kv_cache_size_tokens`, which a server states
+    only when started with `--kv-cache-memory-bytes` (as the emulator reports
+    its own); otherwise the tier's size in tokens is unknown (None).
+    """
+    try:
+        gib = float(labels["kv_offloading_size"])
+    except (KeyError, ValueError):
+        return None
+    memory = _int_label(labels, "kv_cache_memory_bytes")
+    tokens = _int_label(labels, "kv_cache_size_tokens")
+    if not gib > 0 or not memory or not tokens or not block_size:
+        return None
+    block_bytes = memory // tokens * block_size
+    if block_bytes < 1:
+        return None
+    return int(gib * (1 << 30)) // block_bytes * block_size
+
+
 class VLLMBackend(OpenAICompatibleBackend):
     """A vLLM OpenAI-compatible server (`vllm serve`).
 
@@ -359,12 +383,14 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
     """`EngineMetrics` from vLLM's Prometheus text.
 
     The KV capacity is `vllm:cache_config_info`'s `kv_cache_size_tokens` label
-    where the engine states it (vLLM >= 0.32), else `block_size x num_gpu_blocks`.
+    where the engine states it (vLLM >= 0.32), else `block_size x num_gpu_blocks`;
+    a second tier in host memory from its `kv_offloading_size` label (`_offload_tokens`).
     """
     s = parse_prometheus(text, names=_VLLM_METRICS)
     block_size = None
     capacity = 0
     prefix_caching = None
+    offload = 0
     seen_engines: set[str] = set()
     for labels, _ in s.get("vllm:cache_config_info"):
         engine = labels.get("engine", "")
@@ -380,6 +406,7 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
             capacity += tokens
         elif size is not None and blocks is not None:
             capacity += size * blocks
+        offload += _offload_tokens(labels, size) or 0
         flag = labels.get("enable_prefix_caching")
         if flag is not None:
             prefix_caching = flag.lower() == "true"
@@ -395,6 +422,7 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
         prompt_tokens_total=s.sum("vllm:prompt_tokens_total"),
         generation_tokens_total=s.sum("vllm:generation_tokens_total"),
         kv_capacity_tokens=capacity or None,
+        kv_offload_tokens=offload or None,
         block_size=block_size,
         prefix_caching=prefix_caching,
         cache_hit_rate=(hits / queries) if queries and hits is not None else None,

@@ -62,6 +62,7 @@ class Serving:
             scheduling_policy=config.scheduling_policy,
             enable_prefix_caching=config.enable_prefix_caching,
             flavor=config.flavor,
+            offload_tokens=config.offload_tokens,
         )
         self.driver = RealTimeDriver(self.engine, time_scale=config.time_scale)
         self._fault_rng = random.Random(config.seed)

@@ -37,6 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=d.time_scale,
                    help="engine seconds per wall second (50: 50x faster than the GPU)")  # fmt: skip
     p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity in tokens")
+    p.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=None,
+        help="GiB of host memory for a second KV tier (vLLM's native CPU offload)",
+    )
+    p.add_argument(
+        "--kv-offload-tokens",
+        type=int,
+        default=None,
+        help="the second KV tier's capacity in tokens (instead of --kv-offloading-size)",
+    )
     p.add_argument("--block-size", type=int, default=d.block_size, help="KV block size in tokens")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
@@ -80,6 +92,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         scenario=args.scenario,
         time_scale=args.time_scale,
         kv_tokens=args.kv_tokens,
+        kv_offloading_size=args.kv_offloading_size,
+        kv_offload_tokens=args.kv_offload_tokens,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from langgraph_batch.emulator.costs import get_profile
+from langgraph_batch.emulator.offload import GIB
 
 __all__ = ("FAULTS", "EmulatorConfig")
 
@@ -40,6 +41,12 @@ class EmulatorConfig:
     kv_tokens: int | None = None
     """KV capacity in tokens (default: the profile's); vLLM's `num_gpu_blocks` is
     this over `block_size`, one of them the null block."""
+    kv_offloading_size: float | None = None
+    """GiB of host memory for a second KV tier (vLLM's `--kv-offloading-size`, the
+    native CPU offload connector), in blocks of the profile's `kv_bytes_per_token`
+    x `block_size`. None: no tier (or set `kv_offload_tokens`)."""
+    kv_offload_tokens: int | None = None
+    """The second tier's capacity in tokens, instead of `kv_offloading_size`."""
     block_size: int = 16
     """KV block size in tokens (vLLM's `--block-size`: 16 on GPUs, a multiple of
     32 on the CPU backend)."""
@@ -94,6 +101,16 @@ class EmulatorConfig:
                 f"kv_tokens must be >= {least} (a usable block besides the null block), "
                 f"got {self.kv_tokens}"
             )
+        if self.kv_offloading_size is not None and self.kv_offload_tokens is not None:
+            raise ValueError("set kv_offloading_size or kv_offload_tokens, not both")
+        if self.flavor == "sglang" and self.offload_tokens is not None:
+            raise ValueError("the offload tier is vLLM's (flavor='vllm')")
+        if self.offload_tokens is not None and self.offload_tokens < self.block_size:
+            raise ValueError(
+                f"the offload tier must hold a block of {self.block_size} tokens, got "
+                f"{self.offload_tokens} (kv_offloading_size={self.kv_offloading_size}, "
+                f"kv_offload_tokens={self.kv_offload_tokens})"
+            )
         for name in ("max_num_seqs", "max_batched_tokens", "max_model_len", "turns"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -108,6 +125,20 @@ class EmulatorConfig:
         bad = [f for f in self.faults if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
+
+    @property
+    def offload_tokens(self) -> int | None:
+        """The second tier's capacity in tokens (None: no tier).
+
+        From `kv_offloading_size` as `CPUOffloadingSpec` sizes it: the bytes
+        (GiB x 2**30) over one block's bytes, in whole blocks.
+        """
+        if self.kv_offload_tokens is not None:
+            return self.kv_offload_tokens
+        if self.kv_offloading_size is None:
+            return None
+        block_bytes = self.block_size * get_profile(self.profile).kv_bytes_per_token
+        return int(self.kv_offloading_size * GIB) // block_bytes * self.block_size
 
     def with_overrides(self, **overrides: Any) -> EmulatorConfig:
         """A copy with some options changed (unknown names raise TypeError)."""
@@ -143,6 +174,10 @@ class EmulatorConfig:
         ]
         if self.kv_tokens is not None:
             argv.append(f"--kv-tokens={self.kv_tokens}")
+        if self.kv_offloading_size is not None:
+            argv.append(f"--kv-offloading-size={self.kv_offloading_size!r}")
+        if self.kv_offload_tokens is not None:
+            argv.append(f"--kv-offload-tokens={self.kv_offload_tokens}")
         if self.agentic_context:
             argv.append("--agentic-context")
         if self.repeat_tool_args:

@@ -244,12 +244,23 @@ class Profile:
     """(decoding sequences in the step, ms) points: per-step cost of a decode
     batch beyond `per_seq_ms` and the KV read, fitted to a measured engine;
     linear between points, the last slope beyond the last."""
+    host_link_bytes_per_s: float = 51.2e9
+    """Bandwidth of a KV load from host memory (vLLM's native CPU offload tier,
+    `--kv-offloading-size`) into the GPU's KV cache, bytes/s. Default: an H100's
+    PCIe Gen5 x16 link, 64 GB/s per direction (NVIDIA H100 datasheet), at an
+    assumed 80% for pinned-memory copies; not measured here."""
     zero: bool = False
     """The `zero` profile: every step is instant."""
     _xs: tuple[int, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_xs", tuple(k for k, _ in self.knots))
+
+    def offload_load_s(self, tokens: int) -> float:
+        """Seconds to load `tokens` tokens of KV from the host tier into the GPU."""
+        if self.zero or tokens <= 0:
+            return 0.0
+        return tokens * self.kv_bytes_per_token / self.host_link_bytes_per_s
 
     def linear_ms(self, tokens: int) -> float:
         """Time of all linear layers for a step of `tokens` tokens, in ms."""
@@ -353,6 +364,7 @@ PROFILES: dict[str, Profile] = {
         slope_ms=_A100_LLAMA3_8B_SLOPE_MS,
         peak_flops=312e12,
         peak_bandwidth=2.0e12,
+        host_link_bytes_per_s=25.6e9,  # PCIe Gen4 x16: 32 GB/s, at 80%
         kv_tokens=430_000,
     ),
     "a10g-qwen2.5-7b": Profile(
@@ -367,6 +379,7 @@ PROFILES: dict[str, Profile] = {
         kv_bytes_per_token=57_344,
         peak_flops=125e12,
         peak_bandwidth=0.6e12,
+        host_link_bytes_per_s=25.6e9,  # PCIe Gen4 x16: 32 GB/s, at 80%
         lm_head_bytes=152_064 * 3584 * 2,
         vocab=152_064,
         kv_tokens=110_000,
@@ -381,6 +394,7 @@ PROFILES: dict[str, Profile] = {
         kv_bytes_per_token=512,
         peak_flops=_CPU_TINY_PEAK_FLOPS,
         peak_bandwidth=20e9,
+        host_link_bytes_per_s=20e9,  # a host-to-host copy: the memory bandwidth
         lm_head_bytes=4096 * 128 * 2,
         vocab=4096,
         fixed_ms=0.0,

@@ -45,9 +45,10 @@ wall clock for the HTTP server.
 Deliberate simplifications: a step runs its requests at once and the next
 step is scheduled only after `commit` (vLLM without async scheduling or
 pipeline parallelism), so no request is ever scheduled with output still in
-flight. There is no speculative decoding, no KV connector and no
-`max_model_len` cut. Under `priority`, ties of (priority, arrival) in the
-waiting queue go to the request created first (vLLM compares request ids).
+flight. There is no speculative decoding, no KV connector but the native CPU
+offload tier (`offload.py`), and no `max_model_len` cut. Under `priority`,
+ties of (priority, arrival) in the waiting queue go to the request created
+first (vLLM compares request ids).
 
 Per step the work is O(requests scheduled), never O(tokens): tokens are
 counted, and the text of a request is produced once, when it arrives.
@@ -59,11 +60,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Literal
 
+from langgraph_batch.emulator._engine_types import EngineCounters, ScheduledStep
 from langgraph_batch.emulator.costs import Profile, StepShape
 from langgraph_batch.emulator.kv_cache import BLOCK_SIZE, KVCache
+from langgraph_batch.emulator.offload import OffloadCounters, OffloadTier
 from langgraph_batch.emulator.request import Request, RequestStatus
 
 __all__ = (
@@ -74,51 +76,6 @@ __all__ = (
     "ScheduledStep",
     "simulate",
 )
-
-
-@dataclass(slots=True)
-class EngineCounters:
-    """Cumulative counters (what `/emulator/stats` and `/metrics` report)."""
-
-    requests: int = 0
-    """Requests received."""
-    finished: int = 0
-    aborted: int = 0
-    prompt_tokens_received: int = 0
-    prefill_tokens_computed: int = 0
-    """Prompt tokens actually run through the model, again each time a
-    preemption makes a request recompute them. Generated tokens recomputed
-    after a preemption are not counted here."""
-    cached_tokens: int = 0
-    """Prompt tokens served from the prefix cache at first scheduling."""
-    prefix_cache_queries: int = 0
-    """Tokens looked up in the prefix cache, counted when a request is first
-    admitted (not again after a preemption, as in vLLM's Prometheus counter)."""
-    prefix_cache_hits: int = 0
-    """Of those, tokens found in the cache."""
-    generation_tokens: int = 0
-    preemptions: int = 0
-    """Every preemption, including repeated ones of one request."""
-    steps: int = 0
-    busy_time: float = 0.0
-    """Engine seconds spent in steps."""
-    queue_time_sum: float = 0.0
-    ttft_sum: float = 0.0
-    ttft_count: int = 0
-
-
-@dataclass(slots=True)
-class ScheduledStep:
-    """The work of one step, from `Engine.schedule`."""
-
-    items: list[tuple[Request, int]]
-    """(request, tokens computed for it in this step)."""
-    shape: StepShape
-    duration: float
-    """Engine seconds the step takes."""
-    start: float
-    deferred_register: list[tuple[Request, int]] = field(default_factory=list)
-    """SGLang flavour: (request, tokens) whose blocks join the cache after the step."""
 
 
 Policy = Literal["fcfs", "priority"]
@@ -146,6 +103,10 @@ class Engine:
         scheduler_reserve_full_isl: Admit a waiting request only if blocks
             for all its known tokens fit, not only for its first chunk (vLLM's
             default, True).
+        offload_tokens: Capacity of a second KV tier in host memory, in tokens
+            (vLLM's `--kv-offloading-size`; `offload.OffloadTier` has its
+            rules); None: no tier. A prefix that misses the GPU cache but hits
+            the tier is loaded (`Profile.offload_load_s`), not computed.
 
     Raises:
         ValueError: a limit is not positive or a name is unknown.
@@ -164,6 +125,7 @@ class Engine:
         flavor: Literal["vllm", "sglang"] = "vllm",
         long_prefill_token_threshold: int = 0,
         scheduler_reserve_full_isl: bool = True,
+        offload_tokens: int | None = None,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -200,6 +162,15 @@ class Engine:
             enable_prefix_caching=enable_prefix_caching,
             cache_duplicates=flavor == "vllm",
             null_block=null_block,
+        )
+        self.offload = (
+            None
+            if offload_tokens is None
+            else OffloadTier(
+                num_blocks=offload_tokens // block_size,
+                block_size=block_size,
+                kv_bytes_per_token=profile.kv_bytes_per_token,
+            )
         )
         self.running: list[Request] = []
         self._fcfs: deque[Request] = deque()
@@ -293,6 +264,8 @@ class Engine:
         if req in self.running and (self.in_flight is None or not self._in_step(req)):
             self.running.remove(req)
             self.kv.free(req)
+        if self.offload is not None:
+            self.offload.finish(self.kv, req)
         self._notify(req)
 
     def _in_step(self, req: Request) -> bool:
@@ -304,6 +277,8 @@ class Engine:
         self.counters = EngineCounters()
         self.kv.evictions = 0
         self.finished_log.clear()
+        if self.offload is not None:
+            self.offload.counters = OffloadCounters()
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix (blocks held by running requests stay)."""
@@ -389,8 +364,7 @@ class Engine:
             budget -= n
             i += 1
         items = [(r, scheduled[id(r)]) for r in order if id(r) in scheduled]
-        if not preempted:
-            self._admit(now, budget, threshold, items, deferred)
+        load_s = 0.0 if preempted else self._admit(now, budget, threshold, items, deferred)
         if not items:
             return None
         shape_tokens = 0
@@ -419,7 +393,7 @@ class Engine:
         step = ScheduledStep(
             items=items,
             shape=shape,
-            duration=self.profile.step_time(shape),
+            duration=self.profile.step_time(shape) + load_s,
             start=now,
             deferred_register=deferred,
         )
@@ -433,42 +407,67 @@ class Engine:
         threshold: int,
         items: list[tuple[Request, int]],
         deferred: list[tuple[Request, int]],
-    ) -> None:
-        """Admit waiting requests into `items` while they fit (Scheduler.schedule)."""
+    ) -> float:
+        """Admit waiting requests into `items` while they fit (Scheduler.schedule).
+
+        Returns the seconds their loads from the offload tier take: the step
+        waits for them (vLLM loads asynchronously and runs the request a step
+        later, so this delays the step's other requests, which vLLM's does not).
+        """
         kv = self.kv
+        tier = self.offload
+        load_s = 0.0
         while budget > 0 and len(self.running) < self.max_num_seqs:
             req = self._peek_waiting()
             if req is None:
                 break
             hits = kv.find_cached(req) if not req.blocks else []
             hit_tokens = len(hits) * self.block_size
-            n = req.num_known_tokens - hit_tokens
+            # The connector's hit starts where the GPU's ends (get_num_new_matched_tokens).
+            ext = (
+                tier.lookup(kv, req, len(hits)) * self.block_size if tier and not req.blocks else 0
+            )
+            # A hit of every token computes the last one again (_update_waiting_for_remote_kv).
+            done = min(hit_tokens + ext, req.num_known_tokens - 1) if ext else hit_tokens
+            n = req.num_known_tokens - done
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget)
-            if not kv.allocate(req, n, hits, full_sequence=self.scheduler_reserve_full_isl):
+            full = self.scheduler_reserve_full_isl
+            if not kv.allocate(req, done - hit_tokens + n, hits, full_sequence=full):
                 break  # the head of the queue blocks the others, as in vLLM
             self._pop_waiting()
             req.status = RequestStatus.RUNNING
-            req.num_computed = hit_tokens
+            req.num_computed = done
             if req.first_scheduled is None:
                 req.first_scheduled = now
+            if tier is not None and ext:
+                seconds = self.profile.offload_load_s(ext)
+                tier.load(kv, req, len(hits), ext // self.block_size, seconds)
+                load_s += seconds
             if req.num_preemptions == 0:
-                # KVCacheManager.record_prefix_cache_stats at admission; a
-                # request back from a preemption counts as `preempted_*`.
-                req.cached_tokens = hit_tokens
+                # KVCacheManager.record_prefix_cache_stats at admission (the
+                # connector's stats beside it); a request back from a
+                # preemption counts as `preempted_*`.
+                req.cached_tokens = hit_tokens + ext
                 c = self.counters
-                c.cached_tokens += hit_tokens
+                c.cached_tokens += hit_tokens + ext
                 c.prefix_cache_queries += req.num_known_tokens
                 c.prefix_cache_hits += hit_tokens
+                if tier is not None:
+                    tier.counters.external_queries += req.num_known_tokens - hit_tokens
+                    tier.counters.external_hits += ext
             self.running.append(req)
             items.append((req, n))
             # Registered now, so a request admitted next in this very step
             # finds these blocks (vLLM V1's same-step prefix sharing).
-            self._register(req, hit_tokens + n, deferred)
+            self._register(req, done + n, deferred)
             budget -= n
+        return load_s
 
     def _register(self, req: Request, tokens: int, deferred: list[tuple[Request, int]]) -> None:
+        if self.offload is not None:
+            self.offload.store(self.kv, req, tokens)  # written through (_build_store_jobs)
         if self.flavor == "sglang":
             deferred.append((req, tokens))
         else:
@@ -522,6 +521,8 @@ class Engine:
             self.running = [r for r in self.running if id(r) not in gone]
             for req in done:
                 kv.free(req)
+                if self.offload is not None:
+                    self.offload.finish(self.kv, req)
                 if req.status is RequestStatus.FINISHED:
                     self.finished_log.append(req)
                     if self.on_finish is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from langgraph_batch.emulator.driver import Histogram
+from langgraph_batch.emulator.offload import GIB, OffloadCounters
 
 if TYPE_CHECKING:
     from langgraph_batch.emulator._serving import Serving
@@ -67,24 +68,36 @@ def render_metrics(server: Serving) -> str:
     _one(lines, "vllm:prefix_cache_hits_total", "counter", c.prefix_cache_hits, labels,
          "Prefix cache hits, in terms of number of cached tokens.")  # fmt: skip
     _one(lines, "vllm:prompt_tokens_cached_total", "counter", c.cached_tokens, labels,
-         "Number of cached prompt tokens (local prefix cache).")  # fmt: skip
+         "Number of cached prompt tokens (prefix cache and KV connector).")  # fmt: skip
     _one(lines, "vllm:num_preemptions_total", "counter", c.preemptions, labels,
          "Cumulative number of preemption from the engine.")  # fmt: skip
     _one(lines, "vllm:prompt_tokens_total", "counter", c.prompt_tokens_received, labels,
          "Number of prefill tokens processed.")  # fmt: skip
     _one(lines, "vllm:generation_tokens_total", "counter", c.generation_tokens, labels,
          "Number of generation tokens processed.")  # fmt: skip
+    tier = eng.offload
+    bytes_per_token = eng.profile.kv_bytes_per_token
+    # vLLM labels every CacheConfig field (`CacheConfig.metrics_info`): the
+    # tier's GiB, and `kv_cache_memory_bytes`, which the emulator's token-sized
+    # KV stands for (a server started with --kv-cache-memory-bytes reports it).
+    offload_gib = server.config.kv_offloading_size
+    if offload_gib is None and tier is not None:
+        offload_gib = tier.capacity_tokens * bytes_per_token / GIB
     cache_labels = {
         "block_size": str(eng.block_size),
         "num_gpu_blocks": str(eng.kv.num_blocks),
         "kv_cache_size_tokens": str(eng.kv_capacity_tokens),
+        "kv_cache_memory_bytes": str(eng.kv_capacity_tokens * bytes_per_token),
         "enable_prefix_caching": str(eng.kv.enable_prefix_caching),
         "cache_dtype": "auto",
         "gpu_memory_utilization": "0.9",
+        "kv_offloading_size": str(offload_gib),
+        "kv_offloading_backend": "native",
         "engine": "0",
     }
     _one(lines, "vllm:cache_config_info", "gauge", 1.0, cache_labels,
          "Information of the LLMEngine CacheConfig")  # fmt: skip
+    _offload_lines(lines, eng, labels)
     _hist(lines, "vllm:time_to_first_token_seconds", drv.ttft, labels,
           "Histogram of time to first token in seconds.")  # fmt: skip
     _hist(lines, "vllm:inter_token_latency_seconds", drv.itl, labels,
@@ -106,6 +119,37 @@ def render_metrics(server: Serving) -> str:
         lines.append(f"vllm:request_success_total{_labels(pairs)} {drv.finished_by_reason[reason]}")
     _emulator_lines(lines, server)
     return "\n".join(lines) + "\n"
+
+
+def _offload_lines(lines: list[str], eng: Engine, labels: dict[str, str]) -> None:
+    """The KV connector's lines: its prefix-cache counters (`v1/metrics/loggers.py`).
+
+    With the tier, also its transfer counters (`offloading/metrics.py`).
+    """
+    tier = eng.offload
+    t = tier.counters if tier is not None else OffloadCounters()
+    _one(lines, "vllm:external_prefix_cache_queries_total", "counter", t.external_queries,
+         labels, "External prefix cache queries from KV connector cross-instance cache "
+         "sharing, in terms of number of queried tokens.")  # fmt: skip
+    _one(lines, "vllm:external_prefix_cache_hits_total", "counter", t.external_hits, labels,
+         "External prefix cache hits from KV connector cross-instance cache sharing, "
+         "in terms of number of cached tokens.")  # fmt: skip
+    name = "vllm:prompt_tokens_cached_by_source_total"
+    lines.append(f"# HELP {name} Prefix-cache hit tokens by the cache tier that supplied them.")
+    lines.append(f"# TYPE {name} counter")
+    by_source = {"device": eng.counters.prefix_cache_hits, "host": t.external_hits}
+    for source, n in by_source.items():
+        lines.append(f"{name}{_labels({**labels, 'source': source})} {n}")
+    if tier is None:
+        return
+    _one(lines, "vllm:kv_offload_store_bytes_total", "counter", t.store_bytes, labels,
+         "Total bytes stored from GPU to offload storage.")  # fmt: skip
+    _one(lines, "vllm:kv_offload_load_bytes_total", "counter", t.load_bytes, labels,
+         "Total bytes loaded from offload storage to GPU.")  # fmt: skip
+    _one(lines, "vllm:kv_offload_load_time_total", "counter", t.load_time_s, labels,
+         "Total load time from offload storage to GPU, in seconds.")  # fmt: skip
+    _one(lines, "vllm:kv_offload_allocation_failure_total", "counter", t.allocation_failures,
+         labels, "Number of KV offload store allocation attempts that failed.")  # fmt: skip
 
 
 def _emulator_lines(lines: list[str], server: Serving) -> None:
@@ -212,4 +256,24 @@ def stats_dict(server: Serving) -> dict[str, Any]:
         "max_wake_late_s": drv.max_wake_late_s,
         "max_work_s": drv.max_work_s,
         "agentic_context": server.hints.stats(),
+        "offload": _offload_stats(eng),
+    }
+
+
+def _offload_stats(eng: Engine) -> dict[str, Any] | None:
+    """The second tier's figures for `/emulator/stats` (None: no tier)."""
+    tier = eng.offload
+    if tier is None:
+        return None
+    t = tier.counters
+    return {
+        "capacity_tokens": tier.capacity_tokens,
+        "stored_blocks": tier.num_stored,
+        "stores": t.stored_blocks,
+        "loaded_tokens": t.loaded_tokens,
+        "load_time_s": t.load_time_s,
+        "evicted_blocks": t.evicted_blocks,
+        "allocation_failures": t.allocation_failures,
+        "external_queries": t.external_queries,
+        "external_hits": t.external_hits,
     }

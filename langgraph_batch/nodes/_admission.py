@@ -157,6 +157,9 @@ class SiblingAdmission:
         self._ctx_n = 0  # booked siblings with a context
         self._new_n = 0  # booked siblings with none yet (a fresh booking each)
         self._paused: dict[str, SiblingInfo] = {}
+        self._paused_ctx: dict[str, int] = {}
+        """The context each paused sibling had when paused (what the tier may keep)."""
+        self._paused_sum = 0
         self._admitted: dict[str, int] = {}
         self._seq = 0
         self._waits: dict[str, float] = {}
@@ -224,6 +227,10 @@ class SiblingAdmission:
         """
         f = self.forecast
         return self._ctx_sum + f.growth * self._ctx_n + f.fresh_booking() * self._new_n
+
+    def paused_tokens(self) -> int:
+        """The contexts of this run's paused siblings, in tokens (O(1))."""
+        return self._paused_sum
 
     def context_changed(self, sibling: SiblingInfo) -> None:
         """`sibling`'s context moved (a call completed): its booking follows (no-op if none)."""
@@ -332,6 +339,7 @@ class SiblingAdmission:
     def _grant(self, sid: str, sibling: SiblingInfo) -> None:
         self._holders.add(sid)
         if sid in self._paused:
+            self._unpause(sid)
             self._book(sid, self._paused.pop(sid))
         elif sid not in self._booked:
             self._book(sid, sibling)
@@ -413,6 +421,7 @@ class SiblingAdmission:
         """`sibling` is done (finished or failed): free its place and its booking."""
         sid = sibling.sibling_id
         self._holders.discard(sid)
+        self._unpause(sid)
         if self._unbook(sid) is not None or self._paused.pop(sid, None) is not None:
             self.forecast.observe_context(sid, sibling.context_tokens, shared=sibling.shared_tokens)
         self.forecast.forget(sid)
@@ -442,10 +451,7 @@ class SiblingAdmission:
         held = sid in self._holders
         self._holders.discard(sid)
         if sid in self._booked:
-            self._paused[sid] = self._booked[sid]
-            self._unbook(sid)
-            self._pauses += 1
-            self._move_to_resuming(sid)
+            self._pause(sid, self._booked[sid])
         self._freed()
         return held
 
@@ -481,16 +487,56 @@ class SiblingAdmission:
             return (1, -self._admitted.get(s.sibling_id, 0))
 
         idle = sorted((s for sid, s in self._booked.items() if sid not in self._holders), key=order)
+        room = ledger.offload_room(self._headroom)
+        if room > 0:
+            idle = self._tier_first(idle, room, order)
         for s in idle:
             if over <= 0:
                 break
             sid = s.sibling_id
             over -= forecast.booking(self._counted.get(sid, s.context_tokens))
-            self._paused[sid] = s
-            self._unbook(sid)
-            self._pauses += 1
-            self._move_to_resuming(sid)
+            self._pause(sid, s)
             logger.debug("fan_out: sibling %s paused (its KV booking given up)", sid)
+
+    def _tier_first(
+        self,
+        idle: list[SiblingInfo],
+        room: int,
+        order: Callable[[SiblingInfo], tuple[int, float]],
+    ) -> list[SiblingInfo]:
+        """`idle` with the siblings whose context the server's second tier can take first.
+
+        Their context comes back by a transfer from host memory, not a
+        recompute, so its size no longer argues for pausing the least
+        progressed: among them the largest go first (the most GPU room for
+        one pause, so fewer siblings wait to resume), long waits still ahead.
+        The others follow in `order`.
+        """
+        counted = self._counted
+
+        def ctx(s: SiblingInfo) -> int:
+            return counted.get(s.sibling_id, s.context_tokens)
+
+        first: list[SiblingInfo] = []
+        for s in sorted(idle, key=lambda s: (order(s)[0], -ctx(s))):
+            if 0 < ctx(s) <= room:
+                first.append(s)
+                room -= ctx(s)
+        chosen = {s.sibling_id for s in first}
+        return first + [s for s in idle if s.sibling_id not in chosen]
+
+    def _pause(self, sid: str, sibling: SiblingInfo) -> None:
+        """Give up `sibling`'s booking; it resumes when its booking fits again."""
+        context = self._counted.get(sid, sibling.context_tokens)
+        self._paused[sid] = sibling
+        self._paused_ctx[sid] = context
+        self._paused_sum += context
+        self._unbook(sid)
+        self._pauses += 1
+        self._move_to_resuming(sid)
+
+    def _unpause(self, sid: str) -> None:
+        self._paused_sum -= self._paused_ctx.pop(sid, 0)
 
     def _move_to_resuming(self, sid: str) -> None:
         """A sibling paused while it waits to come back now waits for room, not just a place."""

@@ -20,7 +20,7 @@ from typing import Protocol
 from langgraph_batch._estimates import kv_budget
 from langgraph_batch.backends.base import Backend, EngineMetrics
 
-__all__ = ("METRICS_TIMEOUT_S", "KVLedger", "LedgerMember", "read_kv_capacity")
+__all__ = ("METRICS_TIMEOUT_S", "KVLedger", "LedgerMember", "read_kv_capacity", "read_kv_tiers")
 
 logger = logging.getLogger("langgraph_batch.scheduler")
 
@@ -34,17 +34,34 @@ async def read_kv_capacity(latest: EngineMetrics | None, backend: Backend) -> in
     An unreachable or silent server means an unknown capacity (no KV budget),
     never a failed run: errors are logged at DEBUG.
     """
-    capacity = latest.kv_capacity_tokens if latest is not None else None
-    if capacity is None:
+    return (await read_kv_tiers(latest, backend))[0]
+
+
+async def read_kv_tiers(
+    latest: EngineMetrics | None, backend: Backend
+) -> tuple[int | None, int | None]:
+    """(KV capacity, second-tier capacity) in tokens, each None where unknown.
+
+    The second tier is KV kept in host memory (vLLM's native CPU offload,
+    `--kv-offloading-size`), `EngineMetrics.kv_offload_tokens`. Both come from
+    `latest` when it states the capacity, else from one metrics call.
+    """
+    metrics = latest
+    if metrics is None or metrics.kv_capacity_tokens is None:
         try:
             async with asyncio.timeout(METRICS_TIMEOUT_S):
                 metrics = await backend.metrics()
         except Exception:
             logger.debug("could not read the server's KV capacity", exc_info=True)
-            return None
-        capacity = metrics.kv_capacity_tokens if metrics is not None else None
-    if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
-        return capacity
+            return None, None
+    if metrics is None:
+        return None, None
+    return _positive(metrics.kv_capacity_tokens), _positive(metrics.kv_offload_tokens)
+
+
+def _positive(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
     return None
 
 
@@ -64,6 +81,10 @@ class LedgerMember(Protocol):
         """Re-check its waiters (room was freed); called in the member's loop."""
         ...
 
+    def paused_tokens(self) -> int:
+        """Estimated KV tokens of its paused siblings (what the second tier may hold)."""
+        ...
+
 
 class KVLedger:
     """The resident-KV budget of one server, shared by every run booking it.
@@ -81,8 +102,14 @@ class KVLedger:
     Members may live in different event loops (threads): the member set is
     changed and read under a lock, and each member is asked on a snapshot.
 
+    With a second tier (`offload_capacity`: KV the server keeps in host
+    memory, vLLM's `--kv-offloading-size`), the ledger also sums the members'
+    paused contexts, so a gate knows whether one more paused context would
+    come back by transfer (it fits the tier beside the others) or by recompute.
+
     Args:
         capacity: the server's KV cache size in tokens.
+        offload_capacity: the server's second tier in tokens (None: none).
 
     Example:
         ```python
@@ -92,16 +119,22 @@ class KVLedger:
         ```
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, offload_capacity: int | None = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        if offload_capacity is not None and _positive(offload_capacity) is None:
+            raise ValueError(
+                f"offload_capacity must be a positive int or None, got {offload_capacity!r}"
+            )
         self.capacity = capacity
+        self.offload_capacity = offload_capacity
         self._members: weakref.WeakKeyDictionary[LedgerMember, asyncio.AbstractEventLoop | None]
         self._members = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"KVLedger(capacity={self.capacity}, members={len(self._members)})"
+        tier = f", offload_capacity={self.offload_capacity}" if self.offload_capacity else ""
+        return f"KVLedger(capacity={self.capacity}{tier}, members={len(self._members)})"
 
     @property
     def members(self) -> int:
@@ -135,6 +168,23 @@ class KVLedger:
     def resident_tokens(self) -> int:
         """Estimated KV tokens resident on the server, over every member."""
         return sum(m.resident_tokens() for m, _ in self._snapshot())
+
+    def paused_tokens(self) -> int:
+        """Estimated KV tokens of paused siblings, over every member."""
+        return sum(m.paused_tokens() for m, _ in self._snapshot())
+
+    def offload_room(self, headroom: float) -> int:
+        """Tokens of paused contexts the second tier may still take (0: no tier).
+
+        vLLM's tier is written through (every prompt block as it is computed)
+        and evicts the least recently used, so a paused context survives in it
+        only while the tier holds the booked contexts (used since) besides
+        every paused one: the room is the tier's budget less both.
+        """
+        if self.offload_capacity is None:
+            return 0
+        held = self.resident_tokens() + self.paused_tokens()
+        return max(0, kv_budget(self.offload_capacity, headroom) - held)
 
     def budget(self, headroom: float) -> int:
         """The tokens residents may fill at `headroom` (a share of the capacity)."""

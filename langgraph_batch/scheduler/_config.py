@@ -172,6 +172,16 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
     (default: the library's one prior, `CONTEXT_TOKENS_PRIOR`, 4096). The first
     sample reporting `kv_capacity_tokens` raises the starting limit to capacity /
     this (clamped to the hard cap) during slow start (None: off)."""
+    kv_offload_tokens: int | None = None
+    """The server's second KV tier in host memory, in tokens (vLLM's
+    `--kv-offloading-size`), for a server whose metrics do not tell it (vLLM
+    states the GiB, but the bytes of a token only when started with
+    `--kv-cache-memory-bytes`). With a tier, fan_out pauses siblings whose
+    context the tier can take first: they come back by transfer, not recompute.
+    None: what the server says (no tier if it says nothing).
+
+    !!! version-added "Added in version 0.2.0"
+    """
     decrease_factor: float = 0.7
     """Multiplier applied on 429/503/preemption (0 < f < 1)."""
     adapt_cooldown_s: float = 1.0
@@ -245,6 +255,8 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
                 )
         if self.kv_tokens_per_request is not None:
             _check_int("kv_tokens_per_request", self.kv_tokens_per_request, 1)
+        if self.kv_offload_tokens is not None:
+            _check_int("kv_offload_tokens", self.kv_offload_tokens, 1)
         if not self.increase_step > 0:
             raise ValueError(f"increase_step={self.increase_step!r} must be > 0")
         if not 0 < self.decrease_factor < 1:

@@ -59,7 +59,7 @@ from langgraph_batch.backends.base import (
 )
 from langgraph_batch.errors import SchedulerError
 from langgraph_batch.scheduler._attempt import RequestAttempts
-from langgraph_batch.scheduler._capacity import KVLedger, read_kv_capacity
+from langgraph_batch.scheduler._capacity import KVLedger, read_kv_capacity, read_kv_tiers
 from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
@@ -201,9 +201,11 @@ class Scheduler:
     async def kv_ledger(self) -> KVLedger | None:
         """The server's resident-KV ledger that every fan_out run on this scheduler books.
 
-        Made once, from `kv_capacity()`; None while the server does not say
-        its capacity (asked again next time). Concurrent fan_out runs share
-        it, so together they keep within one server's cache.
+        Made once, from `kv_capacity()`, with the server's second KV tier
+        (`EngineMetrics.kv_offload_tokens`, else `BatchPolicy.kv_offload_tokens`);
+        None while the server does not say its capacity (asked again next
+        time). Concurrent fan_out runs share it, so together they keep within
+        one server's cache.
 
         Example:
             ```python
@@ -212,9 +214,12 @@ class Scheduler:
             ```
         """
         if self._ledger is None:
-            capacity = await self.kv_capacity()
+            capacity, offload = await read_kv_tiers(self._core.latest_metrics, self._backend)
             if capacity is not None and self._ledger is None:
-                self._ledger = KVLedger(capacity)
+                # The server's word on its second tier, else the user's.
+                if offload is None:
+                    offload = self._policy.kv_offload_tokens
+                self._ledger = KVLedger(capacity, offload_capacity=offload)
         return self._ledger
 
     def inflight_by_sibling(self) -> dict[str, int]:

@@ -196,6 +196,24 @@ def test_kv_bound_keeps_contexts_when_they_fit_and_drops_the_longest_waits_when_
     assert tight["decode_tokens"] == roomy["decode_tokens"]
 
 
+def test_kv_bound_with_a_second_tier_parks_waiting_contexts_instead_of_recomputing() -> None:
+    from dataclasses import replace
+
+    from langgraph_batch.bench.contenders import kv_bound
+
+    w8 = replace(WORKLOADS["W8"], kv_tokens=40_000)
+    none = kv_bound.agents_bound(w8, n=6, seed=0)
+    small = kv_bound.agents_bound(w8, n=6, seed=0, offload_tokens=20_000)
+    large = kv_bound.agents_bound(w8, n=6, seed=0, offload_tokens=10_000_000)
+    # Parking frees KV-seconds without prefill: fewer waits recomputed, a lower KV term.
+    assert none["waits_dropped"] > small["waits_dropped"] > large["waits_dropped"] == 0
+    assert none["kv_bound_s"] > small["kv_bound_s"] > large["kv_bound_s"]
+    # A tier never lifts the decode-time limit: the sequences decoding together are
+    # resident on the GPU, so an unbounded tier leaves the GPU's work term.
+    assert large["kv_bound_s"] == large["work_bound_s"]
+    assert large["offload_tokens"] == 10_000_000
+
+
 def test_simulation_bound_recomputes_what_outgrows_the_cache() -> None:
     from dataclasses import replace
 

@@ -26,6 +26,14 @@ Tool agents (W3, W8). The makespan T is at least each of:
    (at least the fastest step each), and each tool wait's context for the
    wait, unless the schedule dropped it.
 
+With a second KV tier in host memory of O tokens (vLLM's CPU offload,
+`offload_tokens`), a schedule may also park a waiting context there and load it
+back instead of computing it again. Relaxed (a valid bound, maybe a loose one):
+the transfers are free and the tier holds only parked contexts, so parking frees
+at most O*T of the waits' KV-seconds without prefill: the KV-time term becomes
+T >= max(held / (C + O), (held - waits kept) / C), where `held` is what the kept
+contexts occupy and "waits kept" their waits' share of it.
+
 Which waits to drop is the schedule's choice, so the bound is the minimum over
 it. Dropping a context of c tokens during a wait of L seconds frees c*L
 KV-seconds for c tokens of prefill: the best choice drops the longest waits
@@ -230,8 +238,21 @@ def _min_step(profile: Any) -> float:
     return float(profile.decode_step_time(1, 1))
 
 
-def agents_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
-    """The KV-valid bound of a tool-agent workload (one replica)."""
+def agents_bound(
+    wl: Workload, *, n: int, seed: int, offload_tokens: int | None = None
+) -> dict[str, Any]:
+    """The KV-valid bound of a tool-agent workload (one replica).
+
+    Args:
+        wl: The workload.
+        n: Its siblings.
+        seed: The seed of its conversations.
+        offload_tokens: The server's second KV tier in tokens (None: none);
+            the module docstring says how the bound uses it.
+
+    Returns:
+        The bound and its parts (`makespan_s`, `kv_bound_s`, ...).
+    """
     from langgraph_batch.emulator.costs import get_profile
 
     profile = get_profile(wl.profile)
@@ -257,8 +278,10 @@ def agents_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
     work.prefill += shared  # the shared prefix, computed once
     work.attn += shared * shared / 2
     capacity_own = max(1, capacity - shared)
+    tier = offload_tokens or 0
     waits.sort(key=lambda w: w[0], reverse=True)
-    held = kv_seconds + sum(lat * ctx for lat, ctx, _ in waits)
+    waits_kept = sum(lat * ctx for lat, ctx, _ in waits)
+    held = kv_seconds + waits_kept
     best = math.inf
     dropped_tokens = 0
     dropped_attn = 0.0
@@ -269,17 +292,25 @@ def agents_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         if k < len(waits):
             lat, ctx, attn = waits[k]
             held_after = held - lat * ctx
+            kept_after = waits_kept - lat * ctx
         else:
             lat = ctx = 0
             attn = 0.0
             held_after = held
+            kept_after = waits_kept
         kv_time = held_after / capacity_own
+        if tier:
+            # Parking frees up to tier*T of the kept waits' KV-seconds, no more than they hold.
+            kv_time = max(
+                held_after / (capacity_own + tier), (held_after - kept_after) / capacity_own
+            )
         value = max(w_time, kv_time)
         if value < best:
             best, best_dropped = value, k
         if w_time >= best:
             break  # the work only grows from here
         held = held_after
+        waits_kept = kept_after
         dropped_tokens += int(ctx)
         dropped_attn += attn
     min_prefill = work.prefill
@@ -294,6 +325,7 @@ def agents_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "decode_tokens": work.decode,
         "shared_prefix_tokens": shared,
         "kv_capacity_tokens": capacity,
+        "offload_tokens": offload_tokens,
         "waits_dropped": best_dropped,
         "waits": len(waits),
         "profile": profile.name,
