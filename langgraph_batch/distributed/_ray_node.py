@@ -59,10 +59,15 @@ class NodeRunner:
         self.graph = load_graph(graph, app_dir=app_dir)
         self.serde = Serde.for_graph(self.graph, extra=allowed_types, max_bytes=max_payload_bytes)
         self.admission = SiblingAdmission(max_active=max_active)
+        self._running = 0
 
     def ping(self) -> int:
         """The actor's process id (the tests kill it by this)."""
         return os.getpid()
+
+    def running(self) -> int:
+        """Siblings running here now (0 once every run it served ended or was cancelled)."""
+        return self._running
 
     def forget(self, group: str) -> None:
         """Drop what coalesced tools kept for the run `group` in this process."""
@@ -72,8 +77,12 @@ class NodeRunner:
         self, group: str, index: int, total: int, payload: bytes
     ) -> AsyncIterator[bytes]:
         """Yield `STARTED`, then the sibling's encoded outcome record (`{"k", "v"}`)."""
-        yield STARTED
-        yield await self._invoke(group, index, total, payload)
+        self._running += 1
+        try:
+            yield STARTED
+            yield await self._invoke(group, index, total, payload)
+        finally:
+            self._running -= 1
 
     async def _invoke(self, group: str, index: int, total: int, payload: bytes) -> bytes:
         try:

@@ -20,11 +20,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.integration.distributed.conftest import REPO, free_port
 
 NODE_IP = "127.0.0.2"
 _RAY = str(Path(sys.executable).with_name("ray"))
+_MARKER = "LGB_TEST_RAY_NODE"
 # Node deaths are noticed in about 1.5 s instead of the default 15 s.
 _SYSTEM_CONFIG = '{"health_check_period_ms":500,"health_check_failure_threshold":3}'
 
@@ -50,6 +52,9 @@ class RayCluster:
 
     def _start(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        # Every process of the node inherits this marker (Ray retitles its workers,
+        # so their command lines do not tell which node they belong to).
+        env = {**self.env, _MARKER: f"{self.tmp}/{name}"}
         return subprocess.Popen(
             [
                 _RAY,
@@ -66,7 +71,7 @@ class RayCluster:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=self.env,
+            env=env,
             start_new_session=True,
         )
 
@@ -135,8 +140,14 @@ class RayCluster:
     def kill_worker(self, i: int = 0) -> None:
         """SIGKILL a node's whole process group: raylet, agents and actor processes."""
         proc = self.workers[i]
+        # Found first, then killed together: a node dies at once, as a machine would
+        # (its actors' processes run in sessions of their own, outside the group).
+        strays = self._strays(f"{self.tmp}/node{i}")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        for stray in strays:
+            with contextlib.suppress(Exception):
+                stray.kill()
         proc.wait(10)
 
     def stop(self) -> None:
@@ -156,3 +167,24 @@ class RayCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
+        self._kill_strays(f"{self.tmp}/")
+
+    @staticmethod
+    def _strays(marker: str) -> list[Any]:
+        """Our processes: their environment carries a marker that starts with `marker`."""
+        import psutil
+
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                value = proc.environ().get(_MARKER, "")
+                if value == marker or (marker.endswith("/") and value.startswith(marker)):
+                    found.append(proc)
+        return found
+
+    @classmethod
+    def _kill_strays(cls, directory: str) -> None:
+        """Kill what outlived its group (Ray workers may start sessions of their own)."""
+        for proc in cls._strays(directory):
+            with contextlib.suppress(Exception):
+                proc.kill()
