@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -94,7 +95,11 @@ class _Executor(Protocol):
     ttl_s: float
     _secret: bytes | None
 
-    def live_nodes(self) -> dict[str, str]: ...
+    def live_nodes(self, *, fresh: bool = False) -> dict[str, str]: ...
+
+    def proven_runner(self, node_id: str) -> Any | None: ...
+
+    def prove_runner(self, node_id: str, handle: Any) -> None: ...
 
     def runner(self, node_id: str) -> Any: ...
 
@@ -158,12 +163,16 @@ class RayRun:
     async def _live_runner(self, node: str) -> Any:
         # A handle may name an actor that just died (its name is freed a moment
         # later): asking it once proves it is alive before siblings are charged.
+        proven = self.ex.proven_runner(node)
+        if proven is not None:
+            return proven
         handle = await asyncio.to_thread(self.ex.runner, node)
         try:
             await handle.ping.remote()
         except Exception:
             self.ex.forget_runner(node, handle)
             raise
+        self.ex.prove_runner(node, handle)
         return handle
 
     async def _placement(self, indices: Sequence[int]) -> dict[int, str]:
@@ -277,7 +286,7 @@ class RayRun:
             del self.runners[node]
         if handle is not None:
             self.ex.forget_runner(node, handle)
-        nodes = await asyncio.to_thread(self.ex.live_nodes)
+        nodes = await asyncio.to_thread(functools.partial(self.ex.live_nodes, fresh=True))
         if node in nodes:
             logger.info(
                 "ray run %s: sibling %d lost its %s (%s)",
@@ -353,10 +362,9 @@ class RayRun:
             await asyncio.gather(*self.pending_puts, return_exceptions=True)
         if finished and self.ledger is not None and self.attach is not None:
             await self.ledger.drop.remote(self.attach)
-        handles = [f.result() for f in self.runners.values() if f.done() and not f.exception()]
-        await asyncio.gather(
-            *(h.forget.remote(self.group) for h in handles), return_exceptions=True
-        )
+        for future in self.runners.values():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().forget.remote(self.group)  # not awaited: nothing to wait for
         if not finished:
             logger.info(
                 "ray run %s: cancelled with %d siblings outstanding",

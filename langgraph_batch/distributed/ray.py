@@ -41,6 +41,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 _LEDGER = "lgb-ledger"
 _CLEANUP_TIMEOUT_S = 5.0
+_NODES_TTL_S = 2.0
 
 
 class RayExecutor:
@@ -161,6 +163,8 @@ class RayExecutor:
         self._classes: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}
         self._generation: dict[str, int] = {}
+        self._proven: dict[str, Any] = {}
+        self._nodes: tuple[float, dict[str, str]] | None = None
 
     def __repr__(self) -> str:
         return f"RayExecutor(graph={self.graph!r}, namespace={self.namespace!r})"
@@ -178,10 +182,32 @@ class RayExecutor:
             )
         return ray
 
-    def live_nodes(self) -> dict[str, str]:
-        """`{node id: IP address}` of the cluster's live nodes (blocking; connects)."""
+    def live_nodes(self, *, fresh: bool = False) -> dict[str, str]:
+        """`{node id: IP address}` of the cluster's live nodes (blocking; connects).
+
+        Args:
+            fresh: Ask the cluster now; otherwise an answer up to 2 s old may be
+                reused (placing a run; a sibling that lost its runner asks fresh).
+        """
+        now = time.monotonic()
+        if not fresh and self._nodes is not None and now - self._nodes[0] < _NODES_TTL_S:
+            return dict(self._nodes[1])
         ray = self._connect()
-        return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+        nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+        self._nodes = (now, nodes)
+        return dict(nodes)
+
+    def proven_runner(self, node_id: str) -> Any | None:
+        """The cached runner of `node_id` once it has answered (non-blocking), else None."""
+        with self._lock:
+            handle = self._handles.get(node_id)
+            return handle if handle is not None and self._proven.get(node_id) is handle else None
+
+    def prove_runner(self, node_id: str, handle: Any) -> None:
+        """Remember that `handle` answered (later runs skip asking it again)."""
+        with self._lock:
+            if self._handles.get(node_id) is handle:
+                self._proven[node_id] = handle
 
     def _remote(self, name: str, cls: type) -> Any:
         ray = self._connect()
@@ -196,6 +222,9 @@ class RayExecutor:
         never reuses the name of one that died.
         """
         with self._lock:
+            self._nodes = None
+            if self._proven.get(node_id) is handle:
+                del self._proven[node_id]
             if self._handles.get(node_id) is handle:
                 del self._handles[node_id]
                 self._generation[node_id] = self._generation.get(node_id, 0) + 1

@@ -158,7 +158,7 @@ async def test_ray_node_killed_mid_run(cluster: RayCluster, tmp_path: Path) -> N
     figures["finished_twice"] = sum(1 for n in counts["done"].values() if n > 1)
     figures["executions"] = sum(counts["start"].values())
     leftover = [t for t in asyncio.all_tasks() if t.get_name().startswith("lgb-ray-")]
-    nodes = await asyncio.to_thread(ex.live_nodes)
+    nodes = await asyncio.to_thread(ex.live_nodes, fresh=True)
     running = [await (await asyncio.to_thread(ex.runner, n)).running.remote() for n in nodes]
     figures["leaked"] = len(leftover) + sum(running)
     figures["live_nodes_after"] = len(nodes)
