@@ -33,7 +33,7 @@ import asyncio
 import collections
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,20 +49,6 @@ from tests.integration.distributed.ray_cluster import RayCluster
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
 N = 60
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    import ray
-
-    tmp = tmp_path_factory.mktemp("ray-chaos")
-    c = RayCluster(tmp, env={"LGB_TEST_EXEC_LOG": str(tmp / "exec.log")})
-    try:
-        c.start(workers=1)
-        yield c
-    finally:
-        ray.shutdown()
-        c.stop()
 
 
 class Counting:
@@ -103,10 +89,15 @@ def _mid_run(counts: dict[str, collections.Counter[int]]) -> bool:
     return len(counts["pids"]) >= 2 and len(counts["done"]) >= 10
 
 
-async def test_ray_node_killed_mid_run(cluster: RayCluster, tmp_path: Path) -> None:
+async def test_ray_node_killed_mid_run(ray_cluster: RayCluster, tmp_path: Path) -> None:
     from tests.integration.distributed.graphs import sleepy
 
-    log = cluster.tmp / "exec.log"
+    cluster = ray_cluster
+    if not cluster.live_workers():
+        await asyncio.to_thread(cluster.add_worker)
+        await asyncio.to_thread(cluster.wait_alive, 2, 60)
+    log = cluster.exec_log
+    await asyncio.to_thread(log.write_text, "")
     ex = RayExecutor(
         graph="tests.integration.distributed.graphs:sleepy",
         address=cluster.address,
@@ -169,6 +160,9 @@ async def test_ray_node_killed_mid_run(cluster: RayCluster, tmp_path: Path) -> N
     path = tmp_path / "ray_chaos_figures.json"
     await asyncio.to_thread(path.write_text, json.dumps(figures, indent=1))
     await asyncio.to_thread(print, f"\nRay node-kill chaos figures ({path})\n{table}")
+    # The session's cluster gets its second node back for the tests after this one.
+    await asyncio.to_thread(cluster.add_worker)
+    await asyncio.to_thread(cluster.wait_alive, 2, 60)
     assert figures["live_nodes_after"] == 1  # the second node really died
     assert figures["re_run_after_node_died"] > 0  # it died holding siblings
     for key in ("lost", "silently_wrong", "hung", "leaked", "duplicated", "failed"):

@@ -45,6 +45,8 @@ class RayCluster:
         }
         self.head: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.exec_log = tmp / "exec.log"
+        """Where the test graphs log executions, when `env` names it (`LGB_TEST_EXEC_LOG`)."""
 
     @property
     def address(self) -> str:
@@ -136,6 +138,10 @@ class RayCluster:
                 return
             time.sleep(0.5)
         raise RuntimeError(f"fewer than {n} Ray nodes alive after {timeout} s")
+
+    def live_workers(self) -> list[int]:
+        """Indices of the node processes started here that still run."""
+        return [i for i, p in enumerate(self.workers) if p.poll() is None]
 
     def kill_worker(self, i: int = 0) -> None:
         """SIGKILL a node's whole process group: raylet, agents and actor processes."""

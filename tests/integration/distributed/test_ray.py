@@ -1,6 +1,7 @@
 """RayExecutor on a real local Ray cluster: a head and a second node process on loopback.
 
-One cluster serves the module (about 20 s to start on 2 cores); the graphs are
+One cluster serves the session (`ray_cluster` in tests/conftest.py, about 20 s
+to start on 2 cores; the chaos test uses it too); the graphs are
 the Redis tests' (`graphs.py`), whose execution log counts what ran where,
 outside Ray.
 """
@@ -11,7 +12,6 @@ import asyncio
 import collections
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,27 +30,19 @@ pytestmark = pytest.mark.timeout(120)
 SLEEPY = "tests.integration.distributed.graphs:sleepy"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    import ray
-
-    tmp = tmp_path_factory.mktemp("ray")
-    log = tmp / "exec.log"
-    c = RayCluster(tmp, env={"LGB_TEST_EXEC_LOG": str(log)})
-    c.exec_log = log  # type: ignore[attr-defined]
-    try:
-        c.start(workers=1)
-        yield c
-    finally:
-        ray.shutdown()
-        c.stop()
+@pytest.fixture
+def cluster(ray_cluster: RayCluster) -> RayCluster:
+    """The session's cluster, with two live nodes (a chaos test may have killed one)."""
+    if not ray_cluster.live_workers():
+        ray_cluster.add_worker()
+        ray_cluster.wait_alive(2, 60)
+    return ray_cluster
 
 
 @pytest.fixture
 def exec_log(cluster: RayCluster) -> Path:
-    log: Path = cluster.exec_log  # type: ignore[attr-defined]
-    log.write_text("")
-    return log
+    cluster.exec_log.write_text("")
+    return cluster.exec_log
 
 
 class Parent(TypedDict, total=False):
