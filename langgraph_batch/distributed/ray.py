@@ -81,7 +81,7 @@ class RayExecutor:
         )
         ```
 
-    !!! version-added "Added in version 0.2"
+    !!! version-added "Added in version 0.2.0"
     """
 
     def __init__(
