@@ -20,6 +20,7 @@ Neither class imports ray: `langgraph_batch.distributed.ray` wraps them with
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -60,6 +61,8 @@ class NodeRunner:
         self.serde = Serde.for_graph(self.graph, extra=allowed_types, max_bytes=max_payload_bytes)
         self.admission = SiblingAdmission(max_active=max_active)
         self._running = 0
+        self._slots: asyncio.Semaphore | None = None
+        self._runs: dict[str, set[asyncio.Task[None]]] = {}
 
     def ping(self) -> int:
         """The actor's process id (the tests kill it by this)."""
@@ -72,6 +75,56 @@ class NodeRunner:
     def forget(self, group: str) -> None:
         """Drop what coalesced tools kept for the run `group` in this process."""
         forget_run(group)
+
+    async def run_many(
+        self, group: str, total: int, concurrency: int, items: list[tuple[int, bytes]]
+    ) -> AsyncIterator[list[tuple[int, bytes]]]:
+        """Run a run's siblings placed here; yield batches of `(index, STARTED or outcome)`.
+
+        One call per node and run: each streamed item carries every notice that
+        came since the last one, so a busy node sends few items. At most
+        `concurrency` siblings of all runs run here at once (the first call sets it).
+        """
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(concurrency)
+        slots = self._slots
+        queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+
+        async def one(index: int, payload: bytes) -> None:
+            async with slots:
+                self._running += 1
+                try:
+                    queue.put_nowait((index, STARTED))
+                    queue.put_nowait((index, await self._invoke(group, index, total, payload)))
+                finally:
+                    self._running -= 1
+
+        tasks = [asyncio.create_task(one(i, p)) for i, p in items]
+        self._runs.setdefault(group, set()).update(tasks)
+        left = len(items)
+        try:
+            while left:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                left -= sum(1 for _, data in batch if data != STARTED)
+                yield batch
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._runs.get(group, set()).difference_update(tasks)
+
+    async def cancel_run(self, group: str) -> None:
+        """Cancel every sibling of the run `group` running here (its parent was cancelled).
+
+        Cancelling a streaming call does not close the generator behind it, so
+        the parent says so explicitly.
+        """
+        tasks = self._runs.pop(group, set())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run_sibling(
         self, group: str, index: int, total: int, payload: bytes

@@ -43,10 +43,16 @@ def _ray() -> Any:
         import ray
     except ImportError:
         raise missing_extra("ray", "fan_out(executor=RayExecutor(...)) needs Ray") from None
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.exceptions import (
+        ActorDiedError,
+        ActorUnavailableError,
+        ActorUnschedulableError,
+        RayActorError,
+    )
 
     global _RAY_ERRORS
-    _RAY_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
+    # ActorUnschedulableError: a runner pinned to a node that died before it started.
+    _RAY_ERRORS = (ActorDiedError, ActorUnavailableError, ActorUnschedulableError, RayActorError)
     return ray
 
 
@@ -91,6 +97,7 @@ class _Executor(Protocol):
     node_for: Callable[[int, Any], str | None] | None
     key: Callable[[int, Any], str] | None
     max_deliveries: int
+    concurrency: int
     timeout: float | None
     ttl_s: float
     _secret: bytes | None
@@ -322,8 +329,12 @@ class RayRun:
         if not todo:
             return
         placement = await self._placement(todo)
+        by_node: dict[str, list[int]] = {}
+        for index in todo:
+            by_node.setdefault(placement[index], []).append(index)
         tasks = [
-            asyncio.create_task(self._guarded(i, placement[i]), name=f"lgb-ray-{i}") for i in todo
+            asyncio.create_task(self._node_batch(node, indices), name=f"lgb-ray-{node[:8]}")
+            for node, indices in by_node.items()
         ]
         loop = asyncio.get_running_loop()
         deadline = None if self.ex.timeout is None else loop.time() + self.ex.timeout
@@ -347,6 +358,61 @@ class RayRun:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks, timeout=_CLEANUP_TIMEOUT_S)
+
+    async def _node_batch(self, node: str, indices: list[int]) -> None:
+        """Run a node's first deliveries as one streaming call; fall back to one call each."""
+        ray = _ray()
+        started: set[int] = set()
+        try:
+            # A runner that does not answer (dead, or its node is) costs nobody a delivery.
+            handle, node = await self._handle(indices[0], node)
+        except DistributedError as exc:
+            for index in indices:
+                self._record(_error(exc, index), None)
+            return
+        try:
+            stream = handle.run_many.options(num_returns="streaming").remote(
+                self.group,
+                self.total,
+                self.ex.concurrency,
+                [(i, self.payloads[i]) for i in indices],
+            )
+            try:
+                async for ref in stream:
+                    for index, data in await ref:
+                        if data == STARTED:
+                            if index not in started:
+                                started.add(index)
+                                self._record(RemoteEvent(index=index, kind="started"), None)
+                        else:
+                            self._record(_outcome(self.serde, index, data), data)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    handle.cancel_run.remote(self.group)
+                    ray.cancel(stream)
+                raise
+            return
+        except _RAY_ERRORS as exc:
+            left = [i for i in indices if i not in self.known]
+            moved = await self._lost_runner(left[0] if left else -1, node, exc, "actor", handle)
+            if moved == node:
+                # Delivered to a runner that died (as Redis counts a delivery: the
+                # STARTED notice of the sibling that killed it may never have left).
+                for index in left:
+                    self.deliveries[index] = 1
+            elif left:
+                node = ""  # its node died: place them again, nobody charged
+        except Exception as exc:  # e.g. Ray itself failing: these siblings' error
+            left = [i for i in indices if i not in self.known]
+            for index in left:
+                self._record(_error(exc, index), None)
+            return
+        if not left:
+            return
+        placement = await self._placement(left) if not node else dict.fromkeys(left, node)
+        async with asyncio.TaskGroup() as group:
+            for index in left:
+                group.create_task(self._guarded(index, placement[index]), name=f"lgb-ray-{index}")
 
     async def _guarded(self, index: int, node: str) -> None:
         try:
