@@ -4,10 +4,11 @@
 affinity). It imports the sibling graph by its import path, exactly as
 `langgraph-batch worker` does (no code travels; inputs and results are the
 strict `Serde` payloads the Redis mode sends), and runs many siblings at once
-in its one event loop. Every sibling of that node therefore shares this
-process's scheduler (one per backend endpoint set, from the process
-registry) and its admission gate: the node's siblings are batched together
-and their KV is booked where they run.
+in its one event loop (`run_many`: a run's siblings on this node, in one
+streaming call; `run_sibling`: one sibling, for re-runs). Every sibling of
+that node therefore shares this process's scheduler (one per backend
+endpoint set, from the process registry) and its admission gate: the node's
+siblings are batched together and their KV is booked where they run.
 
 `Ledger` is the body of one detached actor per namespace that keeps the
 outcomes of checkpointed runs (keyed like the Redis mode's attach key), so a

@@ -1,10 +1,11 @@
 """The parent's side of one `RayExecutor` run: placement, deliveries, the event stream.
 
 `RayRun` places every sibling on a node (`place`: rendezvous hashing with a
-bounded load, or the node the user names), runs each as one streaming call
-to that node's runner, and turns what comes back into `RemoteEvent`s. A
-runner or node that dies is found here (`_RAY_ERRORS`) and the sibling placed
-again; see `langgraph_batch.distributed.ray` for the contract.
+bounded load, or the node the user names), sends each node its siblings in
+one streaming call to that node's runner, and turns what comes back into
+`RemoteEvent`s. A runner or node that dies is found here (`_RAY_ERRORS`); its
+unfinished siblings go on one call each (placed again when the node died);
+see `langgraph_batch.distributed.ray` for the contract.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ connects the parent to a Ray cluster and runs the siblings there:
   otherwise a stable rendezvous hash of `key(index, input)` (default: the
   index) picks the node, with a bounded load (no node gets more than its share
   of a run, rounded up), so adding or losing a node moves few siblings;
-- **results in order, failures isolated**: each sibling is one streaming actor
-  call yielding "started" then its outcome (the strict `Serde` payload of the
-  Redis mode); an exception in the graph is that sibling's `SiblingError`;
+- **results in order, failures isolated**: each node gets its siblings of a
+  run in one streaming actor call that yields batches of "started" notices
+  and outcomes (the strict `Serde` payloads of the Redis mode) as they come;
+  an exception in the graph is that sibling's `SiblingError`;
 - **faults**: a sibling whose actor or node died is placed again on a live
   node; one that killed its actor is then run alone (one at a time per node,
   so a poison sibling never takes innocent ones down again) and
