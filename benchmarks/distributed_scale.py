@@ -16,6 +16,18 @@ up first. Latency: `--latency-n` single-sibling fan_outs one after another,
 with no CPU work, in-process and through Redis with one idle worker: the
 difference is what going through Redis adds per sibling (publish, a worker
 picking the job up, the result coming back, cleanup).
+
+Client CPU (`*_client_cpu_ms_per_sibling`): the parent process alone, per
+sibling, while the run is timed (in-process: everything runs there).
+
+Ray (`--ray`, on by default): the same fan_out through `RayExecutor` on a
+local two-node Ray cluster (`ray start --head` and a second `ray start
+--address` process on loopback, `--num-cpus 1` each, no dashboard): one node
+runner actor per node (`--concurrency` siblings each), so the same two
+sibling-running processes as the Redis run with 2 workers. CPU is split into
+the two runner processes and the rest (parent, emulator, and Ray's own
+daemons: GCS, raylets, agents); latency as for Redis, with the runners warm.
+The cluster helper is the tests' (`tests/integration/distributed/ray_cluster.py`).
 """
 
 from __future__ import annotations
@@ -158,7 +170,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
-def parent(executor: RedisExecutor | None) -> Any:
+def parent(executor: Any) -> Any:
     from benchmarks.distributed_graph import graph as sibling
 
     node = fan_out(
@@ -228,7 +240,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await timed(local, [spin] * 8)  # warm-up: imports, scheduler, connections
         for rep in range(args.repeat):
             run: dict[str, Any] = {"repeat": rep}
+            before_local = cpu([os.getpid()])
             run["in_process_s"] = await timed(local, [spin] * args.n)
+            run["in_process_cpu_ms_per_sibling"] = (
+                1000 * (cpu([os.getpid()]) - before_local) / args.n
+            )
             for workers in (1, 2):
                 procs = start_workers(workers, url, llm_url, args.concurrency, tmp)
                 try:
@@ -237,9 +253,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.to_thread(wait_ready, procs, tmp)
                     await timed(remote, [spin] * (8 * workers))  # warm-up: connections, scheduler
                     others = [redis.pid, emu_pid, os.getpid()]
-                    before = cpu([p.pid for p in procs]), cpu(others)
+                    before = cpu([p.pid for p in procs]), cpu(others), cpu([os.getpid()])
                     run[f"workers_{workers}_s"] = await timed(remote, [spin] * args.n)
-                    after = cpu([p.pid for p in procs]), cpu(others)
+                    after = cpu([p.pid for p in procs]), cpu(others), cpu([os.getpid()])
+                    run[f"workers_{workers}_client_cpu_ms_per_sibling"] = (
+                        1000 * (after[2] - before[2]) / args.n
+                    )
                     run[f"workers_{workers}_cpu_ms_per_sibling"] = (
                         1000 * (after[0] - before[0]) / args.n
                     )
@@ -251,7 +270,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         run["latency"] = await latency(local, remote, args.latency_n)
                 finally:
                     stop(procs)
-            for key in ("in_process", "workers_1", "workers_2"):
+            if args.ray:
+                await measure_ray(run, args, spin, llm_url, local, emu_pid, tmp, rep == 0)
+            for key in ("in_process", "workers_1", "workers_2", *(("ray_2",) if args.ray else ())):
                 run[f"{key}_per_s"] = args.n / run[f"{key}_s"]
             run["speedup_2_over_1"] = run["workers_1_s"] / run["workers_2_s"]
             result["runs"].append(run)
@@ -264,7 +285,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-async def latency(local: Any, remote: Any, n: int) -> dict[str, float]:
+async def latency(local: Any, remote: Any, n: int, name: str = "redis") -> dict[str, float]:
     inproc, dist = [], []
     for _ in range(n):
         inproc.append(await timed(local, [0]))
@@ -273,11 +294,55 @@ async def latency(local: Any, remote: Any, n: int) -> dict[str, float]:
     return {
         "in_process_p50_ms": 1000 * pct(inproc, 0.5),
         "in_process_p95_ms": 1000 * pct(inproc, 0.95),
-        "redis_p50_ms": 1000 * pct(dist, 0.5),
-        "redis_p95_ms": 1000 * pct(dist, 0.95),
+        f"{name}_p50_ms": 1000 * pct(dist, 0.5),
+        f"{name}_p95_ms": 1000 * pct(dist, 0.95),
         "added_p50_ms": 1000 * pct(added, 0.5),
         "added_p95_ms": 1000 * pct(added, 0.95),
     }
+
+
+async def measure_ray(
+    run: dict[str, Any],
+    args: argparse.Namespace,
+    spin: int,
+    llm_url: str,
+    local: Any,
+    emu_pid: int,
+    tmp: Path,
+    with_latency: bool,
+) -> None:
+    """The same fan_out through RayExecutor on a local two-node cluster (`ray_2_*` keys)."""
+    import ray
+
+    from langgraph_batch.distributed import RayExecutor
+    from tests.integration.distributed.ray_cluster import RayCluster
+
+    cluster = RayCluster(tmp / f"ray{run['repeat']}", env={"LGB_BENCH_LLM_URL": llm_url})
+    cluster.tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        await asyncio.to_thread(cluster.start, 1)
+        ex = RayExecutor(
+            graph=GRAPH, address=cluster.address, app_dir=str(REPO), concurrency=args.concurrency
+        )
+        remote = parent(ex)
+        await timed(remote, [spin] * 16)  # warm-up: both runners imported, scheduler, connections
+        nodes = await asyncio.to_thread(ex.live_nodes)
+        runners = [await (await asyncio.to_thread(ex.runner, node)).ping.remote() for node in nodes]
+        daemons = [p.pid for p in cluster._strays(f"{cluster.tmp}/") if p.pid not in runners]
+        others = [emu_pid, os.getpid(), *daemons]
+        before = cpu(runners), cpu(others), cpu([os.getpid()])
+        run["ray_2_s"] = await timed(remote, [spin] * args.n)
+        after = cpu(runners), cpu(others), cpu([os.getpid()])
+        run["ray_2_client_cpu_ms_per_sibling"] = 1000 * (after[2] - before[2]) / args.n
+        run["ray_2_nodes"] = len(nodes)
+        run["ray_2_cpu_ms_per_sibling"] = 1000 * (after[0] - before[0]) / args.n
+        run["ray_2_other_cpu_ms_per_sibling"] = 1000 * (after[1] - before[1]) / args.n
+        run["ray_2_loadavg"] = os.getloadavg()[0]
+        if with_latency:
+            run["ray_latency"] = await latency(local, remote, args.latency_n, "ray")
+    finally:
+        ray.shutdown()
+        await asyncio.to_thread(cluster.stop)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="throughput runs (1)")
     p.add_argument("--latency-n", type=int, default=30, help="single-sibling runs for latency (30)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    p.add_argument(
+        "--ray",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also RayExecutor on a local two-node Ray cluster (on)",
+    )
     args = p.parse_args(argv)
     result = asyncio.run(measure(args))
     runs = result["runs"]
@@ -315,6 +386,23 @@ def main(argv: list[str] | None = None) -> int:
         f"p95 {lat['redis_p95_ms']:.1f} ms; added p50 {lat['added_p50_ms']:.1f} ms "
         f"p95 {lat['added_p95_ms']:.1f} ms"
     )
+    if args.ray:
+        print(
+            "| run | Ray 2 nodes /s | vs Redis 2 workers | runner CPU ms/sibling | "
+            "parent+emulator+Ray daemons CPU ms/sibling |"
+        )
+        print("| --- | --- | --- | --- | --- |")
+        for r in runs:
+            print(
+                f"| {r['repeat']} | {r['ray_2_per_s']:.1f} | "
+                f"{r['ray_2_s'] / r['workers_2_s']:.2f}x makespan | "
+                f"{r['ray_2_cpu_ms_per_sibling']:.1f} | {r['ray_2_other_cpu_ms_per_sibling']:.1f} |"
+            )
+        rl = runs[0]["ray_latency"]
+        print(
+            f"latency via Ray: p50 {rl['ray_p50_ms']:.1f} ms p95 {rl['ray_p95_ms']:.1f} ms; "
+            f"added p50 {rl['added_p50_ms']:.1f} ms p95 {rl['added_p95_ms']:.1f} ms"
+        )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -50,3 +50,25 @@ def blockbuster() -> Iterator[BlockBuster]:
     """Fail any test whose code blocks the running event loop (file or socket I/O, sleep)."""
     with blockbuster_ctx() as bb:
         yield bb
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real local Ray cluster for the session: a head and a second node on loopback.
+
+    Started on first use (~15-20 s on 2 cores) and shared by the Ray tests of
+    `tests/chaos` and `tests/integration/distributed`; a test that kills a node
+    adds one back. Its nodes log sibling executions to `cluster.exec_log`.
+    """
+    import ray
+
+    from tests.integration.distributed.ray_cluster import RayCluster
+
+    tmp = tmp_path_factory.mktemp("ray")
+    cluster = RayCluster(tmp, env={"LGB_TEST_EXEC_LOG": str(tmp / "exec.log")})
+    try:
+        cluster.start(workers=1)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.stop()

@@ -20,6 +20,10 @@ run at least once, results are accepted exactly once; see `executor` (the
 parent), `worker` (the loop), `_scripts` (leases and fencing in Lua),
 `_semaphore` (the cluster-wide in-flight cap), `_singleflight` (coalesced
 tool calls across workers) and `_serde` (strict payloads, input checks).
+
+`RayExecutor` (module `ray`) runs the same siblings in async Ray actors, one
+per node, instead (`pip install 'langgraph-batch[ray]'`; Ray is imported only
+when a run starts).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from langgraph_batch.distributed._semaphore import ClusterLimitedBackend, RedisS
 from langgraph_batch.distributed._serde import DEFAULT_MAX_PAYLOAD_BYTES
 from langgraph_batch.distributed._singleflight import RedisFlightStore
 from langgraph_batch.distributed.executor import RedisExecutor
+from langgraph_batch.distributed.ray import RayExecutor
 from langgraph_batch.distributed.worker import Worker, load_graph
 from langgraph_batch.errors import (
     DeadLetteredError,
@@ -51,6 +56,7 @@ __all__ = (
     "InputValidationError",
     "PayloadRejectedError",
     "PayloadTooLargeError",
+    "RayExecutor",
     "RedisExecutor",
     "RedisFlightStore",
     "RedisSemaphore",

@@ -202,6 +202,7 @@ EXPECTED_DISTRIBUTED = {
     "RedisFlightStore",
     "RedisSemaphore",
     "RedisUnavailableError",
+    "RayExecutor",
     "RemoteEvent",
     "SiblingExecutor",
     "Worker",
