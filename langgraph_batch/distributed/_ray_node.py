@@ -26,13 +26,11 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
-from langgraph_batch._context import SiblingInfo, sibling_scope
-from langgraph_batch.distributed._serde import Serde, validate_input
+from langgraph_batch.distributed._serde import Serde
+from langgraph_batch.distributed._sibling import invoke_sibling
 from langgraph_batch.distributed.worker import load_graph
-from langgraph_batch.errors import DistributedError, InputValidationError
-from langgraph_batch.nodes import SiblingAdmission, SiblingError
+from langgraph_batch.nodes import SiblingAdmission
 from langgraph_batch.tools import forget_run
 
 __all__ = ("STARTED", "Ledger", "NodeRunner")
@@ -41,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 STARTED = b""
 """The first item a sibling's stream yields: the node runner took it (a result is never empty)."""
-
-_MAX_TRACEBACK = 8192
 
 
 class NodeRunner:
@@ -139,48 +135,19 @@ class NodeRunner:
             self._running -= 1
 
     async def _invoke(self, group: str, index: int, total: int, payload: bytes) -> bytes:
-        try:
-            value = self.serde.loads(payload, what="input")
-            problems = validate_input(self.graph, value)
-            if problems:
-                raise InputValidationError(
-                    f"sibling {index}: the input does not fit {self.graph_path}: "
-                    + "; ".join(problems),
-                    problems=problems,
-                )
-            # The group is unique to one executor run: coalesced tools share
-            # within it on this node and never across runs.
-            info = SiblingInfo(
-                group=group, index=index, total=total, admission=self.admission, run_id=group
-            )
-            meta = {"lgb_sibling_group": group, "lgb_sibling_index": index}
-            config: Any = {
-                "configurable": {"thread_id": f"lgb-{group}-{index}", **meta},
-                "metadata": meta,
-            }
-            with sibling_scope(info):
-                await self.admission.acquire(info, returning=False)
-                try:
-                    final = await self.graph.ainvoke(value, config)
-                finally:
-                    self.admission.finish(info)
-            try:
-                return self.serde.dumps({"k": "ok", "v": final}, what="result")
-            except (DistributedError, TypeError) as exc:
-                return self._error_payload(exc, index)
-        except Exception as exc:
-            logger.debug("ray node runner: sibling %s of run %s failed", index, group)
-            return self._error_payload(exc, index)
-
-    def _error_payload(self, exc: BaseException, index: int) -> bytes:
-        record = SiblingError.from_exception(exc, index=index, item=None).to_dict()
-        if record.get("traceback") and len(record["traceback"]) > _MAX_TRACEBACK:
-            record["traceback"] = "...\n" + record["traceback"][-_MAX_TRACEBACK:]
-        try:
-            return self.serde.dumps({"k": "error", "v": record}, what="result")
-        except (DistributedError, TypeError):
-            record = {**record, "traceback": None, "message": record["message"][:1000]}
-            return self.serde.dumps({"k": "error", "v": record}, what="result")
+        # The group is unique to one executor run: coalesced tools share within it on
+        # this node and never across runs.
+        return await invoke_sibling(
+            graph=self.graph,
+            graph_path=self.graph_path,
+            serde=self.serde,
+            admission=self.admission,
+            group=group,
+            index=index,
+            total=total,
+            payload=payload,
+            host="ray node runner",
+        )
 
 
 class Ledger:

@@ -46,7 +46,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch._redact import safe_url
 from langgraph_batch.distributed._keys import (
     GROUP,
@@ -66,19 +65,16 @@ from langgraph_batch.distributed._semaphore import limit_backends
 from langgraph_batch.distributed._serde import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Serde,
-    validate_input,
 )
+from langgraph_batch.distributed._sibling import invoke_sibling
 from langgraph_batch.distributed._singleflight import RedisFlightStore
-from langgraph_batch.errors import DistributedError, InputValidationError
-from langgraph_batch.nodes import SiblingAdmission, SiblingError
+from langgraph_batch.nodes import SiblingAdmission
 from langgraph_batch.scheduler.registry import set_backend_wrapper
 from langgraph_batch.tools import forget_run, set_flight_store
 
 __all__ = ("Worker", "load_graph")
 
 logger = logging.getLogger(__name__)
-
-_MAX_TRACEBACK = 8192
 
 
 def load_graph(path: str, *, app_dir: str | None = ".") -> Any:
@@ -542,51 +538,17 @@ class Worker:
             index = int(item.job)
         except ValueError:
             index = -1
-        try:
-            value = self.serde.loads(item.input, what="input")
-            problems = validate_input(self.graph, value)
-            if problems:
-                raise InputValidationError(
-                    f"sibling {index}: the input does not fit {self.graph_path}: "
-                    + "; ".join(problems),
-                    problems=problems,
-                )
-            # The run's group is unique to its Redis run (a digest of the random
-            # run id): coalesced tools share within it, in this process and
-            # (RedisFlightStore) across the run's workers, never across runs.
-            info = SiblingInfo(
-                group=run.group,
-                index=index,
-                total=run.total,
-                admission=self.admission,
-                run_id=run.group,
-                expected_wait=self.admission.forecast.expected_wait,
-            )
-            meta = {"lgb_sibling_group": run.group, "lgb_sibling_index": index}
-            config: Any = {
-                "configurable": {"thread_id": f"lgb-{run.group}-{index}", **meta},
-                "metadata": meta,
-            }
-            with sibling_scope(info):
-                await self.admission.acquire(info, returning=False)
-                try:
-                    final = await self.graph.ainvoke(value, config)
-                finally:
-                    self.admission.finish(info)
-            try:
-                return self.serde.dumps({"k": "ok", "v": final}, what="result")
-            except (DistributedError, TypeError) as exc:
-                return self._error_payload(exc, index)
-        except Exception as exc:
-            logger.debug("worker %s: sibling %s failed", self.name, index, exc_info=True)
-            return self._error_payload(exc, index)
-
-    def _error_payload(self, exc: BaseException, index: int) -> bytes:
-        record = SiblingError.from_exception(exc, index=index, item=None).to_dict()
-        if record.get("traceback") and len(record["traceback"]) > _MAX_TRACEBACK:
-            record["traceback"] = "...\n" + record["traceback"][-_MAX_TRACEBACK:]
-        try:
-            return self.serde.dumps({"k": "error", "v": record}, what="result")
-        except (DistributedError, TypeError):
-            record = {**record, "traceback": None, "message": record["message"][:1000]}
-            return self.serde.dumps({"k": "error", "v": record}, what="result")
+        # The run's group is unique to its Redis run (a digest of the random run id):
+        # coalesced tools share within it, in this process and (RedisFlightStore)
+        # across the run's workers, never across runs.
+        return await invoke_sibling(
+            graph=self.graph,
+            graph_path=self.graph_path,
+            serde=self.serde,
+            admission=self.admission,
+            group=run.group,
+            index=index,
+            total=run.total,
+            payload=item.input,
+            host=f"worker {self.name}",
+        )
