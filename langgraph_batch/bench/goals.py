@@ -1,11 +1,11 @@
 """The issues' goals for each workload, evaluated from a run's JSON numbers only.
 
-Issue 18's for W1, W2, W3, W8 and W9; issue 9's other ones for W1 and W6, on the
-recalibrated emulator; the earlier ones for W5 and W7; issue 24's for the scaled
-W8s on a real engine (W1s and W3s carry W1's and W3's). Every goal is reported
-with its measured ratio, met or not, beside what the `ideal` bound itself
-achieves where that caps what any client can reach. `report` re-exports `goals`
-and `best_bounded`.
+Issue 18's for W1, W2, W3, W8 and W9; issue 25's for W10 and W11; issue 9's
+other ones for W1 and W6, on the recalibrated emulator; the earlier ones for W5
+and W7; issue 24's for the scaled W8s on a real engine (W1s and W3s carry W1's
+and W3's). Every goal is reported with its measured ratio, met or not, beside
+what the `ideal` bound itself achieves where that caps what any client can
+reach. `report` re-exports `goals` and `best_bounded`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from langgraph_batch.bench.routers import split_router
 
-__all__ = ("LGB", "SCALED_GOALS", "best_bounded", "goals")
+__all__ = ("LGB", "PUBLIC_SHAPES", "SCALED_GOALS", "best_bounded", "goals")
 
 LGB = "langgraph-batch"
 
@@ -162,6 +162,40 @@ def _long_horizon_goals(
     return out
 
 
+PUBLIC_SHAPES = ("W10", "W11")
+"""Issue 25's public long-horizon shapes beside W8: a heavy tool tail, long agents with
+fast tools."""
+
+
+def _public_shape_goals(contenders: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 25's goals for W10 and W11 (item 5), each beside what the bound itself reaches."""
+    lgb = contenders.get(LGB)
+    c = contenders.get
+    ideal = c("ideal")
+    best = best_bounded(contenders)
+    best_entry = c(best) if best else None
+    return [
+        _goal(
+            f"makespan <= 0.85x the best naive-bounded ({best})",
+            lgb,
+            best_entry,
+            "makespan_s",
+            0.85,
+            ideal,
+        ),
+        _goal("makespan <= 1.25x the KV-valid bound", lgb, ideal, "makespan_s", 1.25),
+        _prefill_goal(lgb, ideal),
+        _preemption_goal(lgb, c("naive")),
+        _goal(
+            f"p95 sibling latency <= the best naive-bounded's ({best})",
+            lgb,
+            best_entry,
+            "latency_p95_s",
+            1.0,
+        ),
+    ]
+
+
 SCALED_GOALS = {"W1s": "W1", "W3s": "W3"}
 """Scaled workloads (the `cpu-tiny` engine's sizes) carry their original's goals; W8s has
 issue 24's own (`_scaled_w8_goals`)."""
@@ -248,6 +282,8 @@ def goals(
         out.append(_preemption_goal(lgb, c("naive")))
     elif workload in ("W8", "W9"):
         out += _long_horizon_goals(workload, contenders)
+    elif workload in PUBLIC_SHAPES:
+        out += _public_shape_goals(contenders)
     elif workload == "W6":
         out.append(_goal("makespan <= 0.70x naive", lgb, c("naive"), "makespan_s", 0.7, ideal))
     elif workload == "W7":

@@ -13,6 +13,7 @@ import random
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from langgraph_batch.bench._long_horizon import LONG_HORIZON_BOUNDED, long_horizon_workloads
 from langgraph_batch.bench._scaled import scaled_workloads
 from langgraph_batch.bench.routers import split_router
 from langgraph_batch.bench.toolservice import ToolServiceConfig
@@ -301,89 +302,6 @@ WORKLOADS["W7"] = Workload(
     ),
 )
 
-LONG_HORIZON_BOUNDED = tuple(f"naive-bounded-{k}" for k in (8, 16, 24, 32, 48))
-"""W8/W9's sweep of plain LangGraph's `max_concurrency`: the report keeps the best,
-what a careful user tunes by hand."""
-
-WORKLOADS["W8"] = Workload(
-    id="W8",
-    description=(
-        "Long-horizon agents: N=64, 6-24 turns each, 3k-token shared prompt, 1k-token task, "
-        "300-3,000-token tool results, long-tailed tools, contexts outgrow the KV cache"
-    ),
-    # Tens of agents (a repository's 50 issues, a few dozen files to fix): at their
-    # final sizes (~20k own tokens each on average) 64 contexts need ~2.8x the KV
-    # cache, while any ~20 of them fit together.
-    n=64,
-    turns=24,
-    # Model calls per agent: SWE-bench ~11, BFCL ~6 (Continuum), coding agents a
-    # median of 43 (AgentX): 6-24 brackets the first two and reaches toward the third.
-    turns_range=(6, 24),
-    # A coding agent's system prompt and tool schemas: a few thousand tokens, shared.
-    system_tokens=3000,
-    # An issue description.
-    task_tokens=1000,
-    final_tokens=200,
-    # A line of reasoning before each tool call.
-    think_tokens=(20, 200),
-    # 86% of an agent's next request within 1 s, 95% within 10 s (vllm-project/router
-    # #285): most tools under a second, one in ten up to 10 s, one in twenty 10-30 s.
-    tool_latency_mix=((0.86, 0.2, 1.0), (0.09, 1.0, 10.0), (0.05, 10.0, 30.0)),
-    # File reads, test logs, search results: 300-3,000 tokens, log-uniform (median ~950).
-    tool_result_tokens_range=(300, 3000),
-    # Every agent works on its own task, and its arguments change every turn.
-    distinct_keys=None,
-    tool_concurrency=64,
-    # The measured H100 + vLLM 0.26 + Llama-3-8B cache (463,312 tokens), serving a
-    # Llama-3.1-8B-sized model with its 128k context (the longest agents pass 32k).
-    kv_tokens=None,
-    max_model_len=131_072,
-    structured=False,
-    time_scale=4.0,
-    system_head=(
-        "You are a software engineering agent. Work on the task step by step: read files, "
-        "run tests and search with the web_search tool, one call per turn, then report. "
-        "Repository notes follow."
-    ),
-    task_head="Task {index}: fix the issue key={key}. Issue text:",
-    contenders=("naive", *LONG_HORIZON_BOUNDED, "langgraph-batch", "ideal"),
-)
-
-WORKLOADS["W9"] = Workload(
-    id="W9",
-    description=(
-        "Agents in a simulation loop: N=64 agents, 40 ticks, memories growing ~350 tokens a "
-        "tick (outgrowing the KV cache by tick ~18), a world update between ticks"
-    ),
-    # A tick-based multi-agent simulation (generative agents, a market, a game):
-    # every agent decides each tick from its own growing memory; all calls of a
-    # tick arrive together; the world updates between ticks.
-    n=64,
-    turns=1,
-    ticks=40,
-    # The world's rules, shared.
-    system_tokens=1500,
-    # Each agent's persona and goal.
-    task_tokens=500,
-    # An action: a short decision.
-    final_tokens=60,
-    # What the agent sees each tick.
-    observation_tokens=(200, 400),
-    # The world model's update (physics, other systems) between ticks.
-    world_latency_s=0.5,
-    tools=False,
-    structured=False,
-    distinct_keys=None,
-    kv_tokens=None,
-    time_scale=4.0,
-    system_head=(
-        "You are one agent in a simulated town. Each tick you read what you observe and "
-        "answer with your next action in one short sentence. World rules follow."
-    ),
-    task_head="Agent {index} (id key={key}): your persona and goals:",
-    contenders=("naive", *LONG_HORIZON_BOUNDED, "langgraph-batch", "ideal"),
-)
-
 SINGLE_TURN = frozenset({"W7"})
 """Workloads of one tool-free model call per item: answers are forced to
 `final_tokens` (`max_tokens` + `ignore_eos`) on every server."""
@@ -593,6 +511,7 @@ def params(wl: Workload, *, n: int, seed: int, time_scale: float) -> dict[str, A
     return p
 
 
+WORKLOADS.update(long_horizon_workloads(Workload))
 SCALED_WORKLOADS = scaled_workloads(Workload, LONG_HORIZON_BOUNDED)
 WORKLOADS.update(SCALED_WORKLOADS)
 FULL_SIZE: tuple[str, ...] = tuple(w for w in WORKLOADS if w not in SCALED_WORKLOADS)

@@ -1,0 +1,135 @@
+"""W10 and W11, the public long-horizon shapes beside W8: sizes, turns, tails, goals."""
+
+from __future__ import annotations
+
+import statistics
+from functools import cache
+
+import pytest
+
+from langgraph_batch.bench import cli, harness, report
+from langgraph_batch.bench._long_horizon import LONG_HORIZON_BOUNDED, W10_KV_TOKENS
+from langgraph_batch.bench.contenders.kv_bound import Turn, agent_turns
+from langgraph_batch.bench.workloads import (
+    FULL_SIZE,
+    WORKLOADS,
+    Workload,
+    make_job,
+    system_prompt,
+)
+from langgraph_batch.emulator.costs import get_profile
+
+
+@cache
+def _agents(workload: str) -> tuple[int, tuple[tuple[Turn, ...], ...]]:
+    """The shared prefix and every agent's turns, replayed through the emulated model."""
+    wl = WORKLOADS[workload]
+    system = system_prompt(wl, 0)
+    runs = [agent_turns(wl, i, 0, system) for i in range(wl.n)]
+    return runs[0][0], tuple(tuple(turns) for _, turns in runs)
+
+
+def _turns(workload: str) -> tuple[tuple[Turn, ...], ...]:
+    """Every agent's turns (seed 0)."""
+    return _agents(workload)[1]
+
+
+def _lockstep_peak(workload: str) -> int:
+    """The live tokens when every agent is at the same turn: the most over turns (the
+    shared prefix counted once)."""
+    shared, runs = _agents(workload)
+    return shared + max(
+        sum(t[k].prompt - shared for t in runs if len(t) > k)
+        for k in range(max(len(t) for t in runs))
+    )
+
+
+def test_the_public_shapes_run_in_bench_all_with_the_sweep() -> None:
+    assert FULL_SIZE[-4:] == ("W8", "W9", "W10", "W11")
+    for wid in ("W10", "W11"):
+        wl = WORKLOADS[wid]
+        assert wl.contenders == ("naive", *LONG_HORIZON_BOUNDED, "langgraph-batch", "ideal")
+        assert wl.time_scale == WORKLOADS["W8"].time_scale == 4.0
+        assert wl.distinct_keys is None  # every call's arguments are its own
+        assert not wl.structured
+        assert wl.profile == "h100-llama3-8b"
+
+
+def test_w10_is_96_agents_of_8_to_20_turns_with_one_tool_in_ten_past_10_s() -> None:
+    wl = WORKLOADS["W10"]
+    assert (wl.n, wl.turns_range, wl.kv_tokens) == (96, (8, 20), W10_KV_TOKENS)
+    counts = [wl.turns_for(i, 0) for i in range(wl.n)]
+    assert min(counts) >= 8
+    assert max(counts) <= 20
+    assert 12 <= statistics.median(counts) <= 16
+    waits = [t.wait for run in _turns("W10") for t in run[:-1]]
+    assert len(waits) == sum(counts) - wl.n  # one tool call a turn but the last
+    tail = sum(w >= 10.0 for w in waits) / len(waits)
+    assert 0.07 <= tail <= 0.13  # the mix's 10%, drawn per call
+    assert max(waits) <= 30.0
+    # The contexts together outgrow the 440k cache several times over.
+    finals = [run[-1].prompt for run in _turns("W10")]
+    assert sum(finals) > 4 * W10_KV_TOKENS
+    assert _lockstep_peak("W10") > W10_KV_TOKENS
+
+
+def test_w11_is_48_long_agents_with_fast_small_tools_that_fit_the_cache() -> None:
+    wl = WORKLOADS["W11"]
+    assert (wl.n, wl.turns_range) == (48, (10, 30))
+    counts = [wl.turns_for(i, 0) for i in range(wl.n)]
+    assert min(counts) >= 10
+    assert max(counts) <= 30
+    assert 16 <= statistics.median(counts) <= 24
+    waits = [t.wait for run in _turns("W11") for t in run[:-1]]
+    assert all(0.1 <= w <= 0.5 for w in waits)
+    kv = get_profile(wl.profile).kv_tokens
+    assert _lockstep_peak("W11") < 0.7 * kv  # the cache does not bind
+    assert max(run[-1].prompt for run in _turns("W11")) < 20_000
+
+
+def test_every_turn_asks_a_different_tool_call() -> None:
+    for wid in ("W10", "W11"):
+        wl: Workload = WORKLOADS[wid]
+        job = make_job(wl, n=wl.n, seed=0, llm_url="http://e", tool_url="http://t",
+                       model="m", contender="naive")  # fmt: skip
+        calls = sum(wl.turns_for(i, 0) - 1 for i in range(wl.n))
+        assert len(job["tool_keys"]) == calls  # no two calls share arguments
+
+
+def test_public_shape_goals_use_the_best_bounded_and_the_kv_valid_bound() -> None:
+    base = dict.fromkeys(report.METRIC_KEYS, 1.0) | {"preemptions": 0.0}
+    contenders = {
+        "naive": base | {"makespan_s": 600.0, "latency_p95_s": 560.0},
+        "naive-bounded-32": base | {"makespan_s": 300.0, "latency_p95_s": 250.0},
+        "naive-bounded-48": base | {"makespan_s": 400.0, "latency_p95_s": 200.0},
+        "langgraph-batch": base
+        | {"makespan_s": 280.0, "latency_p95_s": 240.0, "prefill_tokens_computed": 2.0e6},
+        "ideal": {"makespan_s": 250.0, "min_prefill_tokens": 1.0e6},
+    }
+    for wid in ("W10", "W11"):
+        goals = {g["goal"]: g for g in report.goals(wid, contenders, 96)}
+        best = goals["makespan <= 0.85x the best naive-bounded (naive-bounded-32)"]
+        assert best["measured"] == pytest.approx(280 / 300)
+        assert best["met"] is False
+        assert best["ideal_ratio"] == pytest.approx(250 / 300)  # the bound meets it
+        bound = goals["makespan <= 1.25x the KV-valid bound"]
+        assert bound["measured"] == pytest.approx(280 / 250)
+        assert bound["met"] is True
+        prefill = goals["prefill computed <= 1.2x the minimum (every context token once)"]
+        assert prefill["met"] is False
+        assert goals["0 preemptions"]["met"] is True
+        p95 = goals["p95 sibling latency <= the best naive-bounded's (naive-bounded-32)"]
+        assert p95["measured"] == pytest.approx(240 / 250)
+        assert p95["met"] is True
+
+
+def test_the_router_contenders_run_on_the_public_shapes() -> None:
+    for wid in ("W10", "W11"):
+        for name in ("naive-router-ps", "langgraph-batch-router-ps", "naive-bounded-32-router-ps"):
+            assert cli.is_known(wid, name), (wid, name)
+        assert (
+            harness.module_for(wid, "langgraph-batch-router-ps")
+            == harness.MODULES["langgraph-batch"]
+        )
+        # The bound of a long-horizon shape is the KV-valid one.
+        assert harness.lower_bound(WORKLOADS[wid], n=4, seed=0)["kind"] == "kv-valid"
