@@ -117,7 +117,7 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def start_workers(
-    n: int, url: str, llm_url: str, concurrency: int, tmp: Path
+    n: int, url: str, llm_url: str, concurrency: int, tmp: Path, graph: str = GRAPH
 ) -> list[subprocess.Popen[bytes]]:
     env = {**os.environ, "LGB_BENCH_LLM_URL": llm_url, "PYTHONUNBUFFERED": "1"}
     procs = []
@@ -131,7 +131,7 @@ def start_workers(
                     "langgraph_batch.cli",
                     "worker",
                     url,
-                    GRAPH,
+                    graph,
                     "--concurrency",
                     str(concurrency),
                     "--app-dir",

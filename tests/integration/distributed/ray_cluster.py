@@ -34,9 +34,20 @@ _SYSTEM_CONFIG = '{"health_check_period_ms":500,"health_check_failure_threshold"
 class RayCluster:
     """A head node and `workers` more node processes on this machine."""
 
-    def __init__(self, tmp: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        env: dict[str, str] | None = None,
+        gcs_redis: str | None = None,
+        worker_ip: str = NODE_IP,
+    ) -> None:
         self.tmp = tmp
         self.port = free_port()
+        self.gcs_redis = gcs_redis
+        """`host:port` of an external Redis that keeps the GCS's state (GCS fault tolerance)."""
+        self.worker_ip = worker_ip
+        """The other nodes' address (another loopback address keeps them apart from the head)."""
         self.env = {
             **os.environ,
             "PYTHONPATH": str(REPO),
@@ -44,6 +55,7 @@ class RayCluster:
             **(env or {}),
         }
         self.head: subprocess.Popen[bytes] | None = None
+        self.head_starts = 0
         self.workers: list[subprocess.Popen[bytes]] = []
         self.exec_log = tmp / "exec.log"
         """Where the test graphs log executions, when `env` names it (`LGB_TEST_EXEC_LOG`)."""
@@ -52,18 +64,20 @@ class RayCluster:
     def address(self) -> str:
         return f"{NODE_IP}:{self.port}"
 
-    def _start(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+    def _start(
+        self, args: list[str], name: str, ip: str = NODE_IP, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         # Every process of the node inherits this marker (Ray retitles its workers,
         # so their command lines do not tell which node they belong to).
-        env = {**self.env, _MARKER: f"{self.tmp}/{name}"}
+        env = {**self.env, **(env or {}), _MARKER: f"{self.tmp}/{name}"}
         return subprocess.Popen(
             [
                 _RAY,
                 "start",
                 "--block",
                 "--node-ip-address",
-                NODE_IP,
+                ip,
                 "--num-cpus",
                 "1",
                 "--object-store-memory",
@@ -79,6 +93,15 @@ class RayCluster:
 
     def start(self, workers: int = 1, timeout: float = 60.0) -> None:
         """Start the head and `workers` nodes; return once every node is alive."""
+        self.start_head()
+        self.wait_alive(1, timeout)
+        for _ in range(workers):
+            self.add_worker()
+        self.wait_alive(1 + workers, timeout)
+
+    def start_head(self) -> None:
+        """Start the head node's process (again, on the same port, after `kill_head`)."""
+        env = None if self.gcs_redis is None else {"RAY_REDIS_ADDRESS": self.gcs_redis}
         self.head = self._start(
             [
                 "--head",
@@ -86,18 +109,35 @@ class RayCluster:
                 str(self.port),
                 "--include-dashboard=false",
                 "--temp-dir",
-                str(self.tmp / "head"),
+                # A fresh one on restart: `ray start --head` refuses a port that the temp
+                # dir's last cluster used while a live node (its raylet) still names it.
+                str(self.tmp / f"head{self.head_starts or ''}"),
                 "--ray-client-server-port",
                 str(free_port()),
                 "--system-config",
                 _SYSTEM_CONFIG,
             ],
             "head",
+            env=env,
         )
-        self.wait_alive(1, timeout)
-        for _ in range(workers):
-            self.add_worker()
-        self.wait_alive(1 + workers, timeout)
+        self.head_starts += 1
+
+    def kill_head(self) -> None:
+        """SIGKILL the head's whole process group: GCS, raylet, agents and actor processes."""
+        assert self.head is not None
+        strays = self._strays(f"{self.tmp}/head")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.head.pid, signal.SIGKILL)
+        for stray in strays:
+            with contextlib.suppress(Exception):
+                stray.kill()
+        self.head.wait(10)
+        # `ray start --head` refuses a port while a GCS process of that address is listed.
+        import psutil
+
+        _, alive = psutil.wait_procs(strays, timeout=10)
+        if alive:
+            raise RuntimeError(f"head processes outlived SIGKILL: {alive}")
 
     def add_worker(self) -> None:
         """Start one more node process (joins the head)."""
@@ -106,6 +146,7 @@ class RayCluster:
             self._start(
                 ["--address", self.address, "--temp-dir", str(self.tmp / f"node{n}")],
                 f"node{n}",
+                ip=self.worker_ip,
             )
         )
 
