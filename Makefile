@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 N ?= 50
 BACKEND_URL ?=
 
-.PHONY: demo test test-engine engine-install docs lint type format unit integration standard chaos bench bench-engine emulate clean redis-server
+.PHONY: demo test test-engine engine-install docs lint type format unit integration standard chaos bench bench-distributed bench-engine emulate clean redis-server
 
 # Create the virtual environment and install the package with everything the
 # tests, the demo and the benchmarks need. Re-runs when pyproject.toml changes.
@@ -86,8 +86,14 @@ type: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 ## All benchmark workloads at full size (see benchmarks/README.md).
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed bench-distributed
 	$(VENV)/bin/langgraph-batch bench all --out benchmarks/results
+
+## The distributed section: in-process vs the Redis executor (2 workers) vs the Ray
+## executor (a local 2-node cluster): a synthetic job and W7's shape, on the emulator.
+bench-distributed: $(VENV)/.installed redis-server
+	$(PY) -m benchmarks.distributed_scale --n 200 --repeat 3 --out benchmarks/results/distributed_scale.json
+	$(PY) -m benchmarks.distributed_w7 --repeat 3 --out benchmarks/results/distributed_w7.json
 
 ## The scaled workloads (W1s, W3s, W8s) on the real CPU engine (started here), then on the
 ## emulator with its cpu-tiny profile -> benchmarks/results/engine/ (COMPARE.md). Any other
