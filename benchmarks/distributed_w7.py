@@ -1,10 +1,13 @@
-"""W7 through the three executors: one process, Redis with two workers, Ray on two nodes.
+"""W7 or W8 through the three executors: one process, Redis with two workers, Ray on two nodes.
 
-W7 (`langgraph_batch.bench.workloads`): 1,000 tool-free single-turn
-extractions, a shared 1,000-token instruction, a unique 1,500-token
-document, a 150-token answer, on the emulator (W7's profile, time scale and
-server settings: `emulator_settings`). The sibling graph is
-`benchmarks.distributed_w7_graph:graph`. Each repetition runs the same
+W7 (`langgraph_batch.bench.workloads`, the default): 1,000 tool-free
+single-turn extractions, a shared 1,000-token instruction, a unique
+1,500-token document, a 150-token answer (`benchmarks.distributed_w7_graph`).
+`--workload W8`: 64 long-horizon agents of 6-24 turns with W8's prompts,
+tool latencies and results, their contexts outgrowing the cache
+(`benchmarks.distributed_w8_graph`). On the emulator with the workload's
+profile, time scale and server settings (`emulator_settings`; W8's answers
+are sized per call, so its scenario is `echo`). Each repetition runs the same
 fan_out of `--n` siblings three ways, one after another:
 
 - `in_process`: no executor, the parent runs every sibling (one process);
@@ -18,12 +21,15 @@ in-process makespan of the same repetition) / n. Workers and runners are
 started and warmed up before the timed run; load average after each run.
 
     python -m benchmarks.distributed_w7 --repeat 3 --out benchmarks/results/distributed_w7.json
+    python -m benchmarks.distributed_w7 --workload W8 --repeat 1 \
+        --out benchmarks/results/distributed_w8.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import shutil
@@ -41,12 +47,14 @@ from typing_extensions import TypedDict
 
 from benchmarks.distributed_scale import cpu, start_redis, start_workers, stop, wait_ready
 from langgraph_batch import fan_out
-from langgraph_batch.bench.workloads import emulator_settings
+from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings
 from langgraph_batch.distributed import RedisExecutor
 from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
 
 REPO = Path(__file__).resolve().parent.parent
-GRAPH = "benchmarks.distributed_w7_graph:graph"
+GRAPHS = {"W7": "benchmarks.distributed_w7_graph", "W8": "benchmarks.distributed_w8_graph"}
+GRAPH = f"{GRAPHS['W7']}:graph"
+"""The sibling graph's import path (`main` sets it from `--workload`)."""
 KINDS = ("in_process", "redis_2", "ray_2")
 
 
@@ -56,8 +64,8 @@ class Parent(TypedDict, total=False):
 
 
 def parent(executor: Any) -> Any:
-    from benchmarks.distributed_w7_graph import graph as sibling
-
+    module, _, name = GRAPH.partition(":")
+    sibling = getattr(importlib.import_module(module), name)
     node = fan_out(
         sibling,
         items="items",
@@ -122,13 +130,14 @@ async def ray_run(run: dict[str, Any], args: argparse.Namespace, tmp: Path) -> N
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.distributed_w7_graph import W7
-
-    tmp = Path(tempfile.mkdtemp(prefix="lgb-w7-bench-"))
+    wl = WORKLOADS[args.workload]
+    tmp = Path(tempfile.mkdtemp(prefix="lgb-dist-bench-"))
     redis, url = start_redis(tmp)
-    settings = emulator_settings(W7)
+    settings = emulator_settings(wl)
+    if args.workload == "W8":
+        settings["scenario"] = "echo"  # answers sized per call; no tool is bound
     emu = EmulatorProcess(
-        EmulatorConfig(port=0, profile=W7.profile, time_scale=W7.time_scale, **settings)
+        EmulatorConfig(port=0, profile=wl.profile, time_scale=wl.time_scale, **settings)
     )
     emu.start()
     os.environ["LGB_BENCH_LLM_URL"] = f"vllm://{emu.url.removeprefix('http://')}"
@@ -136,10 +145,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(
             [Path(sys.executable).name, "-m", "benchmarks.distributed_w7", *sys.argv[1:]]
         ),
-        "workload": "W7",
+        "workload": args.workload,
         "n": args.n,
         "concurrency_per_worker": args.concurrency,
-        "emulator": {"profile": W7.profile, "time_scale": W7.time_scale, **settings},
+        "emulator": {"profile": wl.profile, "time_scale": wl.time_scale, **settings},
         "cpus": psutil.cpu_count(),
         "loadavg_before": os.getloadavg()[0],
         "runs": [],
@@ -187,7 +196,8 @@ def markdown(result: dict[str, Any]) -> str:
         )
     return "\n".join(
         [
-            f"# W7 through three executors (n={result['n']}, medians of {len(result['runs'])})",
+            f"# {result['workload']} through three executors (n={result['n']}, "
+            f"medians of {len(result['runs'])})",
             "",
             f"Command: `{result['command']}`; {result['cpus']} CPUs, load average before "
             f"{result['loadavg_before']:.2f}; emulator {json.dumps(result['emulator'])}.",
@@ -202,11 +212,16 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, default=1000, help="siblings per run (W7: 1000)")
+    p.add_argument("--workload", choices=sorted(GRAPHS), default="W7", help="W7 (default) or W8")
+    p.add_argument("--n", type=int, default=None, help="siblings per run (the workload's)")
     p.add_argument("--concurrency", type=int, default=500, help="siblings per worker/node (500)")
     p.add_argument("--repeat", type=int, default=3, help="repetitions (3)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON here (and a .md)")
     args = p.parse_args(argv)
+    global GRAPH
+    GRAPH = f"{GRAPHS[args.workload]}:graph"
+    if args.n is None:
+        args.n = WORKLOADS[args.workload].n
     result = asyncio.run(measure(args))
     text = markdown(result)
     print(text)
