@@ -90,10 +90,12 @@ bench: $(VENV)/.installed bench-distributed
 	$(VENV)/bin/langgraph-batch bench all --out benchmarks/results
 
 ## The distributed section: in-process vs the Redis executor (2 workers) vs the Ray
-## executor (a local 2-node cluster): a synthetic job and W7's shape, on the emulator.
+## executor (a local 2-node cluster): a synthetic job, W7's shape and W8's long-horizon
+## agents, on the emulator.
 bench-distributed: $(VENV)/.installed redis-server
 	$(PY) -m benchmarks.distributed_scale --n 200 --repeat 3 --out benchmarks/results/distributed_scale.json
 	$(PY) -m benchmarks.distributed_w7 --repeat 3 --out benchmarks/results/distributed_w7.json
+	$(PY) -m benchmarks.distributed_w7 --workload W8 --repeat 1 --out benchmarks/results/distributed_w8.json
 
 ## The scaled workloads (W1s, W3s, W8s) on the real CPU engine (started here), then on the
 ## emulator with its cpu-tiny profile -> benchmarks/results/engine/ (COMPARE.md). Any other
