@@ -43,8 +43,9 @@ def _names_and_cache_labels(text: str) -> tuple[set[str], set[str]]:
 
 async def test_every_figure_is_read_from_the_engine(engine: VLLMCPUServer) -> None:
     llm = BatchedChatModel(model=engine.model, base_url=vllm_url(engine), max_tokens=2)
-    await llm.ainvoke("warm the prefix cache")
-    await llm.ainvoke("warm the prefix cache")
+    prompt = "warm the prefix cache " * 16  # several 32-token blocks: the second call hits
+    await llm.ainvoke(prompt)
+    await llm.ainvoke(prompt)
     backend = VLLMBackend(engine.url)
     m = await backend.metrics()
     assert m is not None
