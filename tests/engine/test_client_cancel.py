@@ -27,9 +27,22 @@ QUICKLY_S = 10.0
 """How soon the engine must be idle after the cancel (it would otherwise run for minutes)."""
 
 
-async def cancel_and_measure(server: VLLMCPUServer, task: asyncio.Task[Any], n: int) -> float:
-    """Cancel `task` once the engine runs `n` requests; seconds until it runs none."""
-    await wait_metric(server, lambda m: m.num_requests_running == n, what=f"{n} running", task=task)
+async def cancel_and_measure(
+    server: VLLMCPUServer, task: asyncio.Task[Any], n: int, first: asyncio.Event | None = None
+) -> float:
+    """Cancel `task` once the engine runs `n` requests; seconds until it runs none.
+
+    A streamed call's `first` chunk proves the engine generates for it: on 2 cores
+    vLLM's busy processes can starve this test's polls for seconds while a
+    stream runs, so the gauge may never be read at the right moment.
+    """
+    if first is not None:
+        async with asyncio.timeout(120):
+            await first.wait()
+    else:
+        await wait_metric(
+            server, lambda m: m.num_requests_running == n, what=f"{n} running", task=task
+        )
     generated_before = await counter(server, "vllm:generation_tokens_total")
     t0 = time.monotonic()
     task.cancel()
@@ -56,14 +69,16 @@ async def test_a_cancelled_call_is_aborted_on_the_engine(
 ) -> None:
     llm = BatchedChatModel(model=engine.model, base_url=vllm_url(engine), **LONG)
 
+    first = asyncio.Event()
+
     async def call() -> None:
         if stream:
             async for _ in llm.astream("Write forever."):
-                pass
+                first.set()
         else:
             await llm.ainvoke("Write forever.")
 
-    await cancel_and_measure(engine, asyncio.create_task(call()), 1)
+    await cancel_and_measure(engine, asyncio.create_task(call()), 1, first if stream else None)
     stats = llm.get_scheduler().stats()
     assert (stats.in_flight, stats.queued) == (0, 0)
     assert stats.cancelled >= 1
