@@ -31,13 +31,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = (
     "ACL_RULES",
     "GROUP",
     "RunKeys",
     "attach_key",
+    "attach_key_of",
     "graph_runs_key",
     "graph_wake_key",
     "new_run_id",
@@ -86,6 +89,15 @@ def sibling_group(run_id: str) -> str:
 def attach_key(graph: str, thread_id: str, checkpoint_ns: str, secret: bytes | None) -> str:
     """The key holding the run id of one fan_out invocation of a checkpointed thread."""
     return f"{{{_PREFIX}:a:{_digest(f'{graph}|{thread_id}|{checkpoint_ns}', secret)}}}"
+
+
+def attach_key_of(graph: str, config: Mapping[str, Any], secret: bytes | None) -> str | None:
+    """`attach_key` of the fan_out invocation that `config` runs (None: no thread id)."""
+    conf = config.get("configurable") or {}
+    thread_id, ns = conf.get("thread_id"), conf.get("checkpoint_ns")
+    if thread_id is None:
+        return None
+    return attach_key(graph, str(thread_id), str(ns or ""), secret)
 
 
 def graph_runs_key(graph: str) -> str:

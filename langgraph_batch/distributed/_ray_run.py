@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from langchain_core.runnables import RunnableConfig
 
 from langgraph_batch._extras import missing_extra
-from langgraph_batch.distributed._keys import attach_key, new_run_id, sibling_group
+from langgraph_batch.distributed._keys import attach_key_of, new_run_id, sibling_group
 from langgraph_batch.distributed._ray_node import STARTED
 from langgraph_batch.distributed._serde import Serde
 from langgraph_batch.distributed.executor import _digest, _error
@@ -146,13 +146,7 @@ class RayRun:
         self.payloads = payloads
         self.values = values
         self.total = total
-        conf = config.get("configurable") or {}
-        thread_id, ns = conf.get("thread_id"), conf.get("checkpoint_ns")
-        self.attach = (
-            attach_key(ex.graph, str(thread_id), str(ns or ""), ex._secret)
-            if thread_id is not None
-            else None
-        )
+        self.attach = attach_key_of(ex.graph, config, ex._secret)
         self.group = sibling_group(new_run_id())
         self.digest = _digest(total, payloads)
         self.events: asyncio.Queue[RemoteEvent] = asyncio.Queue()

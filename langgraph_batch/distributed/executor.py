@@ -44,7 +44,7 @@ from langgraph_batch._redact import safe_url
 from langgraph_batch.distributed._keys import (
     GROUP,
     RunKeys,
-    attach_key,
+    attach_key_of,
     graph_runs_key,
     graph_wake_key,
     new_run_id,
@@ -251,13 +251,7 @@ class _ParentRun:
         self.serde = serde
         self.inputs = inputs
         self.total = total
-        conf = config.get("configurable") or {}
-        thread_id, ns = conf.get("thread_id"), conf.get("checkpoint_ns")
-        self.attach = (
-            attach_key(ex.graph, str(thread_id), str(ns or ""), ex._secret)
-            if thread_id is not None
-            else None
-        )
+        self.attach = attach_key_of(ex.graph, config, ex._secret)
         self.run_id = ""
         self.keys = RunKeys("")
         self.group = "-"
