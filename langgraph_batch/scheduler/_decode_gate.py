@@ -9,6 +9,16 @@ sample, and stands down for good when the engine does not count generated
 tokens, or when no sample comes within a grace period. When every agent
 request belongs to a fan_out run, the cap is rounded so that what the runs
 have left goes in equal waves (`PolicyItem.left` reads the run's counter).
+
+The cap is the engine's, not ours: other clients may share the engine (the
+other workers of a Redis or Ray fan_out, each with a scheduler of its own,
+or another job). Their requests are what the engine runs and queues beyond
+ours (`num_requests_running + num_requests_waiting - ours`, the smaller of
+the last two samples, so a sample taken while our answers were on the wire
+does not count them as someone else's). They take their share of the cap,
+and the learner fits the engine's concurrency, theirs included. Whatever
+they run, we keep at least half the cap (`share`): two clients settle at
+half each, and a busy neighbour never starves us.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._decode_cap import DecodeCap, RunDemand
 from langgraph_batch.scheduler._item import PolicyItem
 
-__all__ = ("DECODE_GRACE_S", "DECODE_START", "DecodeGate")
+__all__ = ("DECODE_GRACE_S", "DECODE_START", "DecodeGate", "share")
 
 DECODE_START = 16
 """Where the cap's search starts (like TCP's initial window, in requests): it
@@ -60,6 +70,9 @@ class DecodeGate:
         """We had nothing in flight at some moment since the last sample."""
         self._grace = max(DECODE_GRACE_S, 4.0 * policy.metrics_interval_s)
         self._deadline: float | None = None
+        self.foreign = 0
+        """Requests of other clients the engine ran or queued at the last two samples."""
+        self._foreign_last = 0
 
     def track(self, item: PolicyItem, delta: int) -> None:
         """Count an agent item in (+1) or out (-1) of the runs' demand."""
@@ -90,7 +103,7 @@ class DecodeGate:
             elif now > deadline:
                 self.cap = None
                 return None
-        return cap.wave(self._demand.siblings_left()) - self.capped
+        return share(cap.wave(self._demand.siblings_left()), self.foreign) - self.capped
 
     def observe(self, metrics: EngineMetrics, now: float, *, in_flight: int, queued: int) -> None:
         """Feed the cap one sample (after `account` brought the integral up to `now`).
@@ -119,12 +132,38 @@ class DecodeGate:
         self.bound = False
         busy = not self.idle and in_flight > 0
         self.idle = in_flight == 0
+        self._see_foreign(metrics, in_flight)
         cap.observe(
             now,
             generated=generated,
             prefill=prefill,
-            in_flight=mean,
+            in_flight=mean + self.foreign,
             busy=busy,
             bound=bound,
             engines=metrics.engines or 1,
         )
+
+    def _see_foreign(self, metrics: EngineMetrics, in_flight: int) -> None:
+        running = metrics.num_requests_running
+        if running is None:
+            self.foreign = self._foreign_last = 0
+            return
+        seen = max(0, round(running + (metrics.num_requests_waiting or 0)) - in_flight)
+        self.foreign = min(seen, self._foreign_last)
+        self._foreign_last = seen
+
+
+def share(cap: int, foreign: int) -> int:
+    """Our part of the engine's decode cap when other clients run `foreign` requests.
+
+    What they leave, and never less than half the cap (rounded up): two
+    clients that each see the other settle near half each.
+
+    Example:
+        ```python
+        share(16, 0)   # 16: alone
+        share(16, 5)   # 11
+        share(16, 40)  # 8: half, however busy the engine is
+        ```
+    """
+    return max(cap - foreign, -(-cap // 2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from langgraph_batch.backends.base import EngineMetrics
+from langgraph_batch.scheduler._decode_gate import share
 from langgraph_batch.scheduler._item import Outcome, PolicyItem
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 
@@ -279,3 +280,61 @@ def test_decode_elasticity_is_validated() -> None:
             BatchPolicy(decode_elasticity=bad)
     c = BatchPolicyCore(BatchPolicy(decode_elasticity=0.5), has_metrics=True)
     assert c.decode_cap is not None
+
+
+def engine_sample(generated: float, *, running: int, waiting: int = 0) -> EngineMetrics:
+    return EngineMetrics(
+        num_requests_running=running,
+        num_requests_waiting=waiting,
+        num_preemptions_total=0,
+        generation_tokens_total=generated,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cap", "foreign", "ours"), [(16, 0, 16), (16, 5, 11), (16, 8, 8), (16, 40, 8), (5, 9, 3)]
+)
+def test_other_clients_take_their_share_of_the_cap_down_to_half(
+    cap: int, foreign: int, ours: int
+) -> None:
+    assert share(cap, foreign) == ours
+
+
+def test_requests_of_other_clients_on_the_engine_shrink_our_part_of_the_cap() -> None:
+    # Another worker of the same fan_out runs 6 requests on the engine: twice
+    # seen (the engine counts 22 while we have 16 in flight), they hold 6 of the 16.
+    c = core()
+    c.on_metrics(engine_sample(0, running=0), 0.0)
+    its = enqueue(c, agents(40))
+    assert len(c.plan(0.0).dispatch) == 16
+    c.on_metrics(engine_sample(100, running=20, waiting=6), 0.5)
+    assert c._gate.foreign == 0  # one sample may be our own answers on the wire
+    c.on_metrics(engine_sample(200, running=22), 1.0)
+    assert c._gate.foreign == 6
+    for it in its[:6]:
+        c.on_complete(it, Outcome.OK, 1.1)
+    assert c.in_flight == 10
+    assert c.plan(1.1).dispatch == []  # 10 ours + 6 theirs: the cap is full
+    # They finish: the next samples give the cap back.
+    c.on_metrics(engine_sample(300, running=10), 1.5)
+    c.on_metrics(engine_sample(400, running=10), 2.0)
+    assert c._gate.foreign == 0
+    assert len(c.plan(2.0).dispatch) == 6
+
+
+def test_a_busy_neighbour_leaves_us_half_the_cap() -> None:
+    c = core()
+    enqueue(c, agents(40))
+    for k in range(3):
+        c.on_metrics(engine_sample(100 * k, running=100), 0.5 * k)
+    assert c._gate.foreign == 100
+    assert len(c.plan(1.0).dispatch) == 8
+
+
+def test_an_engine_that_does_not_count_running_requests_has_no_neighbours() -> None:
+    c = core()
+    enqueue(c, agents(40))
+    c.on_metrics(sample(0), 0.0)
+    c.on_metrics(sample(100), 0.5)
+    assert c._gate.foreign == 0
+    assert len(c.plan(0.5).dispatch) == 16
