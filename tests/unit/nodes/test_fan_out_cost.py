@@ -123,3 +123,15 @@ def test_cost_options_are_checked() -> None:
         fan_out(_CachingModel(), items="x", into="y", prices={"m": 1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cost_into"):
         fan_out(_CachingModel(), items="x", into="y", cost_into="y")
+
+
+def test_the_progress_bar_shows_the_run_cost() -> None:
+    import io
+
+    from langgraph_batch._progress import ProgressBar, fan_out_event
+
+    out = io.StringIO()
+    bar = ProgressBar(stream=out, tty=False, width=4, min_interval=0)
+    cost = {"usage": {}, "cost": {"total": 1.23456}, "unpriced_models": []}
+    bar.update(fan_out_event("done", node="n", group="g", done=1, failed=0, total=1, cost=cost))
+    assert "n [####] 1/1, $1.2346, done" in out.getvalue()
