@@ -135,3 +135,23 @@ def test_the_progress_bar_shows_the_run_cost() -> None:
     cost = {"usage": {}, "cost": {"total": 1.23456}, "unpriced_models": []}
     bar.update(fan_out_event("done", node="n", group="g", done=1, failed=0, total=1, cost=cost))
     assert "n [####] 1/1, $1.2346, done" in out.getvalue()
+
+
+async def test_cache_writes_survive_batched_chat_model_over_langchain_backend() -> None:
+    from langgraph_batch import BatchedChatModel
+    from langgraph_batch.backends import LangChainBackend
+
+    llm = BatchedChatModel(model="claude-test", backend=LangChainBackend(_CachingModel()))
+    answer = await llm.ainvoke("hi")
+    assert answer.usage_metadata is not None
+    details = answer.usage_metadata.get("input_token_details") or {}
+    assert details.get("cache_read") == M
+    assert details.get("cache_creation") == 2 * M
+    assert details.get("ephemeral_1h_input_tokens") == M
+    assert details.get("ephemeral_5m_input_tokens") == M
+    table = PriceTable({"claude-test": Pricing.anthropic(input=2.0, output=10.0)})
+    from langgraph_batch.pricing import TokenUsage
+
+    assert table.cost("claude-test", TokenUsage.from_metadata(answer.usage_metadata)).total == (
+        pytest.approx(18.7)
+    )
