@@ -287,11 +287,16 @@ async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) 
 def _metered(
     meter: CostMeter, result: Callable[[Any], Any] | None, *, batch: bool
 ) -> Callable[[Any], Any]:
-    """`result`, counting first the usage of the answers in a final state (or an answer)."""
+    """`result`, counting first the usage of the answers in a final state (or an answer).
+
+    A provider batch (`batch`) answers once, last: the messages before it are the
+    sibling's input (few-shot answers included) and cost nothing here.
+    """
 
     def count(final: Any) -> Any:
         messages = final.get("messages") if isinstance(final, dict) else [final]
-        for message in messages if isinstance(messages, list) else []:
+        messages = messages if isinstance(messages, list) else []
+        for message in messages[-1:] if batch else messages:
             if getattr(message, "type", None) == "ai":
                 meter.add_message(message, batch=batch)
         return result(final) if result is not None else final
