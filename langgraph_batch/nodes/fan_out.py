@@ -515,7 +515,8 @@ def fan_out(
             every progress event carries the running summary as `cost`.
         cost_into: the state key that receives the run's summary
             (`{"usage": {...}, "cost": {...} | None, "unpriced_models": [...]}`);
-            without `prices` it holds the token counts only.
+            without `prices` it holds the token counts only. Declare it in the
+            parent state. A resumed run counts the calls it made itself.
 
     Returns:
         A `FanOutNode` to add with `builder.add_node("name", node)`.
