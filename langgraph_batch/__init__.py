@@ -46,7 +46,12 @@ Which module owns which decision:
     distributed/              Redis execution; _redis_wait: every wait on an
                               unreachable Redis (one cap, one give-up rule)
     emulator/                 the emulated vLLM/SGLang server; _serving its engine
-                              and the request plumbing every route receives
+                              and the request plumbing every route receives; _batch_api the
+                              providers' batch APIs (OpenAI Batch, Message Batches)
+    pricing                   user price tables, cache/batch pricing rules, CostMeter
+                              (fan_out's prices=, bench --replay --price)
+    batch_api/                ProviderBatch: single-call siblings through a provider's
+                              batch API (_openai, _anthropic: the SDK calls)
 
 A package's private modules are imported from inside it only; what other
 packages need, its public module exposes (`tests/unit/test_module_graph.py`).

@@ -414,8 +414,20 @@ def usage_to_metadata(usage: Usage) -> UsageMetadata:
         output_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
     )
+    details = InputTokenDetails()
     if usage.cached_tokens is not None:
-        metadata["input_token_details"] = InputTokenDetails(cache_read=usage.cached_tokens)
+        details["cache_read"] = usage.cached_tokens
+    if usage.cache_write_tokens is not None:
+        # A provider's cache writes (Anthropic via LangChainBackend): priced apart
+        # (langgraph_batch.pricing), so they survive the trip through the scheduler.
+        details["cache_creation"] = usage.cache_write_tokens
+        if usage.cache_write_1h_tokens is not None:
+            details["ephemeral_1h_input_tokens"] = usage.cache_write_1h_tokens  # type: ignore[typeddict-unknown-key]
+            details["ephemeral_5m_input_tokens"] = max(  # type: ignore[typeddict-unknown-key]
+                0, usage.cache_write_tokens - usage.cache_write_1h_tokens
+            )
+    if details:
+        metadata["input_token_details"] = details
     return metadata
 
 

@@ -16,7 +16,10 @@ carries `"type": "lgb.fan_out"` plus the counters needed to draw a bar:
 
 The `done` event adds `peak_active` (the most siblings active at once) and
 `pauses` (how many times a sibling waiting on a tool gave up its KV booking
-because the siblings' contexts outgrew the server's cache).
+because the siblings' contexts outgrew the server's cache). A run with
+`fan_out(..., prices=...)` (or `cost_into=`) adds `cost` to every event: the
+run's usage and cost so far (`langgraph_batch.pricing.CostMeter.summary`),
+which the bar shows in dollars.
 
 For scripts and `make demo`, `render_progress` wraps a stream and draws a
 bar on stderr (or any text stream): one line redrawn in place on a TTY,
@@ -95,6 +98,7 @@ class _GroupState:
     failed: int = 0
     active: int | None = None
     stats: Mapping[str, Any] | None = None
+    cost_usd: float | None = None
     finished: bool = False
 
 
@@ -171,6 +175,10 @@ class ProgressBar:
         stats = event.get("stats")
         if isinstance(stats, Mapping):
             state.stats = stats
+        cost = event.get("cost")
+        total = (cost.get("cost") or {}).get("total") if isinstance(cost, Mapping) else None
+        if isinstance(total, int | float):
+            state.cost_usd = float(total)
         kind = event.get("event")
         if kind == "done":
             state.finished = True
@@ -200,6 +208,8 @@ class ProgressBar:
                 for key in ("queued", "in_flight")  # SchedulerStats' names
                 if isinstance(state.stats.get(key), int | float)
             )
+        if state.cost_usd is not None:
+            parts.append(f"${state.cost_usd:.4f}")
         if state.finished:
             parts.append("done")
         return ", ".join(parts)

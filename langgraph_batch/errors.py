@@ -27,6 +27,10 @@ LangGraphBatchError
    ├─ PayloadRejectedError        # a payload the strict serializer refuses (pickle, unlisted types)
    ├─ InputValidationError        # a job input that does not fit the sibling graph's input
    └─ DeadLetteredError           # a job whose worker died max_deliveries times
+└─ ProviderBatchError             # a provider batch API (langgraph_batch.batch_api) item
+   ├─ BatchItemExpiredError       # not run before the window or deadline ran out (retryable)
+   ├─ BatchItemFailedError        # the provider answered the item with an error
+   └─ BatchItemCanceledError      # the batch was cancelled before the item ran (retryable)
 ```
 
 Backend errors also subclass langchain-core's standard model errors
@@ -477,3 +481,65 @@ class DeadLetteredError(DistributedError):
     def __init__(self, message: str, *, deliveries: int) -> None:
         super().__init__(message)
         self.deliveries = deliveries
+
+
+class ProviderBatchError(LangGraphBatchError):
+    """A sibling sent through a provider's batch API (`ProviderBatch`) got no answer.
+
+    Attributes:
+        batch_id: the provider's batch id (None: the batch was never created).
+        custom_id: the item's `custom_id` in the batch.
+    """
+
+    def __init__(self, message: str, *, batch_id: str | None, custom_id: str) -> None:
+        super().__init__(message)
+        self.batch_id = batch_id
+        self.custom_id = custom_id
+
+
+class BatchItemExpiredError(ProviderBatchError, ModelTimeoutError):
+    """The item did not run before the batch's completion window (or `deadline`) ran out.
+
+    OpenAI reports it as `batch_expired` in the error file, Anthropic as an
+    `expired` result. Retryable: send it again, in a new batch or synchronously.
+    """
+
+    is_retryable = True
+
+
+class BatchItemFailedError(ProviderBatchError, ModelAPIError):
+    """The provider answered the item with an error (its status and message are kept).
+
+    Attributes:
+        status: the item's HTTP status, when the provider gave one.
+        code: the provider's error code or type (`server_error`, `invalid_request_error`).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        batch_id: str | None,
+        custom_id: str,
+        status: int | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, batch_id=batch_id, custom_id=custom_id)
+        self.status = status
+        self.code = code
+
+    @property
+    def is_retryable(self) -> bool:  # type: ignore[override]
+        """A server error or a rate limit may succeed again; a bad request will not."""
+        if self.status is not None:
+            return self.status >= 500 or self.status == 429
+        return self.code in ("server_error", "api_error", "overloaded_error", "rate_limit_error")
+
+
+class BatchItemCanceledError(ProviderBatchError, ModelAPIError):
+    """The batch was cancelled before the item ran (retryable: send it again)."""
+
+    @property
+    def is_retryable(self) -> bool:  # type: ignore[override]
+        """Always: the item never ran."""
+        return True

@@ -161,10 +161,14 @@ def usage_of(message: BaseMessage) -> Usage | None:
         return None
     details = usage.get("input_token_details") or {}
     cached = details.get("cache_read")
+    written = details.get("cache_creation")
+    hour = details.get("ephemeral_1h_input_tokens")
     return Usage(
         prompt_tokens=int(usage.get("input_tokens") or 0),
         completion_tokens=int(usage.get("output_tokens") or 0),
         cached_tokens=int(cached) if cached is not None else None,
+        cache_write_tokens=int(written) if written is not None else None,
+        cache_write_1h_tokens=int(hour) if hour is not None else None,
     )
 
 

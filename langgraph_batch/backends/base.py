@@ -129,6 +129,11 @@ class Usage:
     estimated: bool = False
     """True when the figures are this request's share of a batched call's totals
     (the server reports usage per call; see `backends/_batching.py`)."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to a provider's prompt cache (Anthropic's
+    `cache_creation_input_tokens`, through `LangChainBackend`; None: not reported)."""
+    cache_write_1h_tokens: int | None = None
+    """The 1-hour share of `cache_write_tokens` (the rest are 5-minute writes)."""
 
     @property
     def total_tokens(self) -> int:

@@ -119,6 +119,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="--replay: siblings start at their recorded offsets (default, scaled by the time "
         "scale) or all together",
     )
+    parser.add_argument(
+        "--price",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="--replay: a price table (JSON or TOML, langgraph_batch.pricing.PriceTable): report "
+        "the job's cost naive, batched with caching, and through the provider's batch API",
+    )
+    parser.add_argument(
+        "--price-model",
+        default=None,
+        metavar="NAME",
+        help="--price: the table's model to price the job as (default: the recording's model, "
+        "or the table's only one)",
+    )
     parser.add_argument("--n", type=int, default=None, help="siblings (default: the workload's)")
     parser.add_argument(
         "--contenders",
@@ -237,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.start is not None:
         log("--start applies to --replay only (a workload's siblings start together)")
         return 2
+    if args.price is not None or args.price_model is not None:
+        log("--price and --price-model apply to --replay only")
+        return 2
     ids = list(FULL_SIZE) if args.workload == "all" else [args.workload]
     if args.n is not None and args.n < 1:
         log("--n must be >= 1")
@@ -312,6 +330,15 @@ def _replay(args: argparse.Namespace) -> int:
     if args.max_gap is not None and not args.max_gap >= 0:
         log("--max-gap takes a number of seconds >= 0")
         return 2
+    table = None
+    if args.price is not None:
+        from langgraph_batch.pricing import PriceTable
+
+        try:
+            table = PriceTable.load(args.price)
+        except (OSError, ValueError) as exc:
+            log(f"replay: --price: {exc}")
+            return 2
     chosen = list(REPLAY_CONTENDERS)
     if args.contenders:
         chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -340,6 +367,14 @@ def _replay(args: argparse.Namespace) -> int:
     except (OSError, ValueError, RuntimeError) as exc:
         log(f"replay: {exc}")
         return 1
+    if table is not None:
+        from langgraph_batch.bench.replay_cost import replay_costs
+
+        try:
+            result["cost"] = replay_costs(result, table, model=args.price_model)
+        except ValueError as exc:
+            log(f"replay: --price: {exc}")
+            return 2
     paths = write(result, args.out)
     sys.stdout.write(markdown(result))
     log(f"replay: wrote {', '.join(str(p) for p in paths.values())}")

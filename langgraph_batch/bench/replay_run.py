@@ -41,6 +41,7 @@ from langgraph_batch.bench.harness import (
     run_contender,
     versions,
 )
+from langgraph_batch.bench.replay_cost import cost_markdown
 from langgraph_batch.bench.report import breakdown_markdown, dumps
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.record import TraceFormat, import_trace
@@ -312,6 +313,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     split = breakdown_markdown(result["contenders"])  # the same split of the waits
     if split:
         lines += ["", *(split[:-1] if split[-1] == "" else split)]
+    if result.get("cost"):
+        lines += cost_markdown(result["cost"])
     if result.get("warnings"):
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in result["warnings"]]
     return "\n".join(lines) + "\n"

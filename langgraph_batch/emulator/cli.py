@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from: {', '.join(FAULTS)}")  # fmt: skip
     p.add_argument("--slow-first-token-s", type=float, default=d.slow_first_token_s)
     p.add_argument("--retry-after-s", type=float, default=d.retry_after_s)
+    p.add_argument(
+        "--batch-delay-s",
+        type=float,
+        default=d.batch_delay_s,
+        help="provider batch APIs: seconds a batch waits before its items run",
+    )
     p.add_argument("--agentic-context", action=argparse.BooleanOptionalAction,
                    default=d.agentic_context,
                    help="accept vllm-router's vllm_xargs.agentic_context hints")  # fmt: skip
@@ -111,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         faults=tuple(f for f in args.faults.split(",") if f),
         slow_first_token_s=args.slow_first_token_s,
         retry_after_s=args.retry_after_s,
+        batch_delay_s=args.batch_delay_s,
         agentic_context=args.agentic_context,
         log_level=args.log_level,
     )

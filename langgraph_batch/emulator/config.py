@@ -81,6 +81,9 @@ class EmulatorConfig:
     """vLLM flavour: accept vllm-router's `vllm_xargs.agentic_context` program hints, as
     an agent-aware engine (AgentInfer's) does, and report them in `/emulator/stats`.
     Off (stock vLLM): `vllm_xargs` takes only string/number values, the object is a 400."""
+    batch_delay_s: float = 1.0
+    """Provider batch APIs (`/v1/batches`, `/v1/messages/batches`): wall seconds a batch
+    waits before its items run (a batch finishes after this delay plus their run)."""
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -120,6 +123,8 @@ class EmulatorConfig:
             raise ValueError(
                 f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
             )
+        if not self.batch_delay_s >= 0:
+            raise ValueError(f"batch_delay_s must be >= 0, got {self.batch_delay_s}")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
         bad = [f for f in self.faults if f not in FAULTS]
@@ -170,6 +175,7 @@ class EmulatorConfig:
             f"--faults={','.join(self.faults)}",
             f"--slow-first-token-s={self.slow_first_token_s!r}",
             f"--retry-after-s={self.retry_after_s!r}",
+            f"--batch-delay-s={self.batch_delay_s!r}",
             f"--log-level={self.log_level}",
         ]
         if self.kv_tokens is not None:

@@ -31,7 +31,7 @@ try:
 except ImportError:  # the optional `emulator` extra
     raise missing_extra("emulator", "the emulator needs starlette and uvicorn") from None
 
-from langgraph_batch.emulator import _openai_api, sglang
+from langgraph_batch.emulator import _batch_api, _openai_api, sglang
 from langgraph_batch.emulator._http import RequestError
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.config import EmulatorConfig
@@ -93,6 +93,10 @@ class EmulatorServer:
                 Route("/is_paused", self.is_paused, methods=["GET"]),
                 Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
             ]
+        # The providers' batch APIs (OpenAI Batch, Anthropic Message Batches); each item
+        # runs through this app's chat route.
+        self.batches = _batch_api.BatchAPI(self.serving, lambda: self.app)
+        routes += self.batches.routes()
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
     @property
@@ -106,6 +110,7 @@ class EmulatorServer:
         try:
             yield
         finally:
+            await self.batches.aclose()
             await self.driver.aclose()
 
     # -- small endpoints -----------------------------------------------------

@@ -110,7 +110,10 @@ def collect_results(spec: FanOutSpec, run: FanOutRun, out: Mapping[str, Any]) ->
             errors=errors,
             results=results,
         )
-    return {spec.into: results}
+    out = {spec.into: results}
+    if spec.cost_into is not None and run.meter is not None:
+        out[spec.cost_into] = run.meter.summary()
+    return out
 
 
 def _in_order(spec: FanOutSpec, run: FanOutRun, records: Sequence[Sequence[Any]]) -> list[Any]:

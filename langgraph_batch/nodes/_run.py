@@ -27,6 +27,7 @@ from langgraph_batch._loop import BackgroundLoop
 from langgraph_batch._progress import FAN_OUT_EVENT, fan_out_event
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.nodes._spec import FanOutSpec
+from langgraph_batch.pricing import CostCallback, CostMeter
 from langgraph_batch.tools import forget_run
 
 __all__ = (
@@ -84,6 +85,9 @@ class FanOutRun:
     events (`astream_events` shows them as `on_custom_event`)."""
     pending: set[asyncio.Task[None]] = field(default_factory=set)
     """Custom events dispatched from the loop, not delivered yet (`flush_events` awaits them)."""
+    meter: CostMeter | None = None
+    """The run's usage and cost (with `prices` or `cost_into`): every event carries its
+    summary as `cost`."""
 
     def count_started(self) -> None:
         with self.lock:
@@ -102,6 +106,8 @@ class FanOutRun:
 
     def emit(self, event: str, **fields: Any) -> None:
         fields.setdefault("stats", _scheduler_stats(self.scheduler))
+        if self.meter is not None:
+            fields.setdefault("cost", self.meter.summary())
         try:
             payload = fan_out_event(
                 event,
@@ -270,6 +276,8 @@ async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanO
         run_done=asyncio.Event(),
         config=config,
     )
+    if spec.prices is not None or spec.cost_into is not None:
+        run.meter = CostMeter(prices=spec.prices)
     if not remote and scheduler is None and spec.max_active is None and items:
         # No scheduler named: the siblings' models create one on their first
         # call. Let one sibling in, find that scheduler, then size the gate.
@@ -281,7 +289,11 @@ async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanO
 
 
 def child_config(run: FanOutRun, config: RunnableConfig) -> RunnableConfig:
-    return merge_configs(config, {"configurable": {RUN_KEY: run}})
+    child: RunnableConfig = {"configurable": {RUN_KEY: run}}
+    if run.meter is not None:
+        # Every model call of every sibling reports its usage to the run's meter.
+        child["callbacks"] = [CostCallback(run.meter)]
+    return merge_configs(config, child)
 
 
 def thread_config(run: FanOutRun, child: RunnableConfig) -> RunnableConfig:
@@ -310,4 +322,6 @@ def close_run(run: FanOutRun, *, loop: BackgroundLoop | None = None) -> None:
 def close_empty(spec: FanOutSpec, run: FanOutRun) -> dict[str, Any]:
     run.admission.close()  # nothing ran: leave the server's KV ledger at once
     run.emit("done")
+    if spec.cost_into is not None and run.meter is not None:
+        return {spec.into: [], spec.cost_into: run.meter.summary()}
     return {spec.into: []}

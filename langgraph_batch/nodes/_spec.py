@@ -16,6 +16,7 @@ from typing import Any, Literal
 from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR, KV_HEADROOM
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.nodes._remote import SiblingExecutor
+from langgraph_batch.pricing import PriceTable
 from langgraph_batch.scheduler import KVLedger
 from langgraph_batch.scheduler.registry import find_scheduler, loop_schedulers, scheduler_created
 
@@ -117,6 +118,10 @@ class FanOutSpec:
     """Share of the server's KV capacity resident siblings may fill (`_estimates.KV_HEADROOM`)."""
     executor: SiblingExecutor | None = None
     """Runs the siblings elsewhere (a `SiblingExecutor`); None: in this process."""
+    prices: PriceTable | None = None
+    """Prices the run's model calls (`langgraph_batch.pricing`); None: no cost."""
+    cost_into: str | None = None
+    """The state key that receives the run's usage and cost summary (None: none)."""
 
     def __post_init__(self) -> None:
         if not callable(getattr(self.subgraph, "ainvoke", None)):
@@ -149,6 +154,14 @@ class FanOutSpec:
             or not 0.0 < headroom <= 1.0
         ):
             raise ValueError(f"kv_headroom must be a number in (0, 1], got {headroom!r}")
+        if self.prices is not None and not isinstance(self.prices, PriceTable):
+            raise TypeError(f"prices must be a PriceTable or None, got {type(self.prices)}")
+        if self.cost_into is not None and (
+            not isinstance(self.cost_into, str) or not self.cost_into or self.cost_into == self.into
+        ):
+            raise ValueError(
+                f"cost_into must be a non-empty state key other than into, got {self.cost_into!r}"
+            )
         if self.executor is not None and not callable(getattr(self.executor, "run", None)):
             raise TypeError(
                 f"executor must follow the SiblingExecutor protocol (a run() method), "

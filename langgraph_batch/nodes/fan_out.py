@@ -85,6 +85,7 @@ from langgraph_batch.nodes._run import (
     thread_config,
 )
 from langgraph_batch.nodes._spec import DEFAULT_SIBLING_TOKENS, FanOutSpec
+from langgraph_batch.pricing import CostMeter, PriceTable
 
 __all__ = (
     "DEFAULT_SIBLING_TOKENS",
@@ -264,6 +265,10 @@ async def _take_back(lent: tuple[SiblingInfo, SiblingAdmission] | None) -> None:
 async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) -> dict[str, Any]:
     """The siblings on `spec.executor` (see `_remote`): same records as the inner graph's."""
     assert spec.executor is not None  # only called for a spec with an executor
+    result = spec.result
+    if run.meter is not None:
+        # The model calls ran elsewhere: count the answers in the final states.
+        result = _metered(run.meter, spec.result, batch=getattr(spec.executor, "batch_api", False))
     records = await run_remote(
         spec.executor,
         spec.subgraph,
@@ -271,12 +276,32 @@ async def _run_remote(spec: FanOutSpec, run: FanOutRun, config: RunnableConfig) 
         run,
         config,
         make_input=spec.make_input or _default_input,
-        result=spec.result,
+        result=result,
         error_record=lambda exc, i, item: SiblingError.from_exception(
             exc, index=i, item=item
         ).to_dict(),
     )
     return {"results": records}
+
+
+def _metered(
+    meter: CostMeter, result: Callable[[Any], Any] | None, *, batch: bool
+) -> Callable[[Any], Any]:
+    """`result`, counting first the usage of the answers in a final state (or an answer).
+
+    A provider batch (`batch`) answers once, last: the messages before it are the
+    sibling's input (few-shot answers included) and cost nothing here.
+    """
+
+    def count(final: Any) -> Any:
+        messages = final.get("messages") if isinstance(final, dict) else [final]
+        messages = messages if isinstance(messages, list) else []
+        for message in messages[-1:] if batch else messages:
+            if getattr(message, "type", None) == "ai":
+                meter.add_message(message, batch=batch)
+        return result(final) if result is not None else final
+
+    return count
 
 
 class SyncUnsupportedError(TypeError):
@@ -434,6 +459,8 @@ def fan_out(
     sibling_tokens: int = DEFAULT_SIBLING_TOKENS,
     kv_headroom: float = KV_HEADROOM,
     executor: SiblingExecutor | None = None,
+    prices: PriceTable | None = None,
+    cost_into: str | None = None,
 ) -> FanOutNode:
     """A node that runs `subgraph` once per item, concurrently, and collects the results.
 
@@ -481,6 +508,15 @@ def fan_out(
             worker` processes. `make_input`, `result`, input order, `on_error`
             and progress events are as in-process; `max_active`, `scheduler`
             and the KV options are the workers' (`--concurrency`).
+            `langgraph_batch.batch_api.ProviderBatch` sends single-call siblings
+            through a provider's batch API (half price, answers within hours).
+        prices: a `langgraph_batch.pricing.PriceTable`: the run counts every
+            model call's usage (cache reads and writes apart) and prices it;
+            every progress event carries the running summary as `cost`.
+        cost_into: the state key that receives the run's summary
+            (`{"usage": {...}, "cost": {...} | None, "unpriced_models": [...]}`);
+            without `prices` it holds the token counts only. Declare it in the
+            parent state. A resumed run counts the calls it made itself.
 
     Returns:
         A `FanOutNode` to add with `builder.add_node("name", node)`.
@@ -527,5 +563,7 @@ def fan_out(
             sibling_tokens=sibling_tokens,
             kv_headroom=kv_headroom,
             executor=executor,
+            prices=prices,
+            cost_into=cost_into,
         )
     )
