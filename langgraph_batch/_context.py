@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import secrets
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = (
@@ -87,6 +88,11 @@ class SiblingInfo:
     expected_wait: Callable[[str | None], float | None] | None = None
     """The run's learned wait for a call of a tool, by name (`ContextForecast.
     expected_wait`). None: the sibling runs outside a fan_out."""
+    attempt: str = field(default_factory=lambda: secrets.token_hex(8))
+    """Unique to this execution of the sibling: a sibling run again (its worker or
+    node died) is a new attempt (`at_most_once` tools tell the two apart)."""
+    calls_seen: dict[str, int] = field(default_factory=dict)
+    """How often this attempt made each `at_most_once` call so far (by call key)."""
 
     def retention_hint(self) -> float | None:
         """Seconds this sibling's KV should be kept after its next call (None: unknown).

@@ -90,6 +90,7 @@ __all__ = (
     "SchedulerError",
     "SiblingFailedError",
     "StreamChunkTimeoutError",
+    "ToolAlreadyRanError",
 )
 
 
@@ -389,6 +390,29 @@ class SiblingFailedError(LangGraphBatchError):
         super().__init__(message)
         self.errors = list(errors)
         self.results = list(results)
+
+
+class ToolAlreadyRanError(LangGraphBatchError):
+    """An `at_most_once` tool call was already made by an earlier attempt of this sibling.
+
+    The sibling runs again (its worker or node died) and makes a call that
+    its earlier attempt made, whose result cannot be given back: the earlier
+    attempt died while the tool ran (`outcome="unknown"`: it may or may not
+    have taken effect), the tool failed then (`"failed"`), or its result does
+    not survive JSON (`"unreplayable"`). The tool is not run again. The
+    message names the tool and the sibling, never the call's arguments.
+
+    Attributes:
+        tool: the tool's name.
+        index: the sibling's position in its fan_out's items.
+        outcome: `"unknown"`, `"failed"` or `"unreplayable"`.
+    """
+
+    def __init__(self, message: str, *, tool: str, index: int, outcome: str) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.index = index
+        self.outcome = outcome
 
 
 class DistributedError(LangGraphBatchError):

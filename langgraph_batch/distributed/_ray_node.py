@@ -14,6 +14,9 @@ siblings are batched together and their KV is booked where they run.
 outcomes of checkpointed runs (keyed like the Redis mode's attach key), so a
 parent that died and runs its thread again collects the finished siblings
 instead of running them again. It keeps bytes only and expires entries.
+It also records the calls of `at_most_once` tools for every node
+(`RayOnceStore`, the store each node runner installs): a sibling placed again
+after its node died finds the calls it made there.
 
 Neither class imports ray: `langgraph_batch.distributed.ray` wraps them with
 `ray.remote` when an executor first runs.
@@ -26,19 +29,23 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from langgraph_batch.distributed._serde import Serde
 from langgraph_batch.distributed._sibling import invoke_sibling
 from langgraph_batch.distributed.worker import load_graph
 from langgraph_batch.nodes import SiblingAdmission
-from langgraph_batch.tools import forget_run
+from langgraph_batch.tools import MemoryOnceStore, OnceStore, forget_run, set_once_store
 
-__all__ = ("STARTED", "Ledger", "NodeRunner")
+__all__ = ("ONCE_TTL_S", "STARTED", "Ledger", "NodeRunner", "RayOnceStore")
 
 logger = logging.getLogger(__name__)
 
 STARTED = b""
 """The first item a sibling's stream yields: the node runner took it (a result is never empty)."""
+
+ONCE_TTL_S = 24 * 3600.0
+"""How long the ledger keeps a run's `at_most_once` calls after their last use."""
 
 
 class NodeRunner:
@@ -52,7 +59,10 @@ class NodeRunner:
         max_payload_bytes: int,
         allowed_types: Iterable[type | tuple[str, str]],
         app_dir: str | None,
+        once_store: OnceStore | None = None,
     ) -> None:
+        if once_store is not None:
+            set_once_store(once_store)  # this actor's process serves only this executor
         self.graph_path = graph
         self.graph = load_graph(graph, app_dir=app_dir)
         self.serde = Serde.for_graph(self.graph, extra=allowed_types, max_bytes=max_payload_bytes)
@@ -150,11 +160,56 @@ class NodeRunner:
         )
 
 
+class RayOnceStore:
+    """An `OnceStore` on the namespace's ledger actor, for every node of the cluster.
+
+    Args:
+        ledger: The ledger actor's handle (it pickles into the node runners).
+    """
+
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+
+    def __repr__(self) -> str:
+        return "RayOnceStore()"
+
+    async def claim(self, run: str, key: str, attempt: str) -> tuple[str, str | None]:
+        state, record = await self.ledger.once_claim.remote(run, key, attempt)
+        return str(state), record
+
+    async def settle(self, run: str, key: str, record: str) -> None:
+        await self.ledger.once_settle.remote(run, key, record)
+
+    def forget(self, run: str) -> None:
+        self.ledger.once_forget.remote(run)  # fire and forget: records also expire
+
+
 class Ledger:
     """Outcomes of checkpointed runs, by attach key (the body of a detached actor)."""
 
     def __init__(self) -> None:
         self._runs: dict[str, tuple[str, float, dict[int, bytes]]] = {}
+        self._once: dict[str, tuple[float, MemoryOnceStore]] = {}
+
+    def _once_run(self, run: str) -> MemoryOnceStore:
+        now = time.time()
+        for key in [k for k, (exp, _) in self._once.items() if exp < now]:
+            del self._once[key]
+        store = self._once.get(run, (0.0, None))[1] or MemoryOnceStore(max_runs=1)
+        self._once[run] = (now + ONCE_TTL_S, store)
+        return store
+
+    def once_claim(self, run: str, key: str, attempt: str) -> tuple[str, str | None]:
+        """`OnceStore.claim` for every node (the actor runs one call at a time)."""
+        return self._once_run(run).take(run, key, attempt)
+
+    def once_settle(self, run: str, key: str, record: str) -> None:
+        """`OnceStore.settle` for every node."""
+        self._once_run(run).keep(run, key, record)
+
+    def once_forget(self, run: str) -> None:
+        """`OnceStore.forget`: the run ended."""
+        self._once.pop(run, None)
 
     def _expire(self) -> None:
         now = time.time()

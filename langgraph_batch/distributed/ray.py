@@ -30,7 +30,10 @@ connects the parent to a Ray cluster and runs the siblings there:
 
 Execution is at least once, results exactly once (the parent keeps the
 first outcome of each sibling): a sibling whose node died mid-run runs again
-from its input. Ray is imported only when a run starts: `pip install
+from its input. Its calls of `at_most_once` tools are recorded in the ledger
+actor (`RayOnceStore`), so the second attempt gets back what the first
+finished and a typed `ToolAlreadyRanError` for a call the first died in,
+never a second execution. Ray is imported only when a run starts: `pip install
 'langgraph-batch[ray]'`.
 """
 
@@ -48,7 +51,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-from langgraph_batch.distributed._ray_node import Ledger, NodeRunner
+from langgraph_batch.distributed._ray_node import Ledger, NodeRunner, RayOnceStore
 from langgraph_batch.distributed._ray_run import RayRun, _ray, place
 from langgraph_batch.distributed._serde import DEFAULT_MAX_PAYLOAD_BYTES, Serde
 from langgraph_batch.distributed.executor import _check_graph_path, _error
@@ -258,6 +261,7 @@ class RayExecutor:
             max_payload_bytes=self.max_payload_bytes,
             allowed_types=self.allowed_types,
             app_dir=None if self.app_dir is None else os.path.abspath(self.app_dir),
+            once_store=RayOnceStore(self.ledger()),
         )
 
     def ledger(self) -> Any:

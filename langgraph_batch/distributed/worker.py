@@ -59,6 +59,7 @@ from langgraph_batch.distributed._redis import (
     connect,
     raise_if_cancel_requested,
 )
+from langgraph_batch.distributed._redis_once import RedisOnceStore
 from langgraph_batch.distributed._redis_wait import RedisWait
 from langgraph_batch.distributed._scripts import Scripts
 from langgraph_batch.distributed._semaphore import limit_backends
@@ -70,7 +71,7 @@ from langgraph_batch.distributed._sibling import invoke_sibling
 from langgraph_batch.distributed._singleflight import RedisFlightStore
 from langgraph_batch.nodes import SiblingAdmission
 from langgraph_batch.scheduler.registry import set_backend_wrapper
-from langgraph_batch.tools import forget_run, set_flight_store
+from langgraph_batch.tools import forget_run, set_flight_store, set_once_store
 
 __all__ = ("Worker", "load_graph")
 
@@ -230,6 +231,7 @@ class Worker:
             self._client, serde=self.serde, runs=self._flight_run, scripts=self._scripts
         )
         previous_store = set_flight_store(store)
+        previous_once = set_once_store(RedisOnceStore(self._client, runs=self._flight_run))
         previous_wrapper = None
         if self.cluster_inflight is not None:
             previous_wrapper = set_backend_wrapper(
@@ -257,6 +259,7 @@ class Worker:
             finally:
                 heartbeat.cancel()
                 set_flight_store(previous_store)
+                set_once_store(previous_once)
                 if self.cluster_inflight is not None:
                     set_backend_wrapper(previous_wrapper)
                 with contextlib.suppress(Exception):

@@ -25,7 +25,8 @@ The subpackage, one concern per module: `_policy` (what is shared with
 whom: `coalesce`, the policy, a frozen value, and each `coalesce()` call's
 runtime, `ToolCoalescing`, which holds its coalescer; run scopes),
 `_singleflight` (single flight and kept results; Redis plugs in through
-`set_flight_store`), `_hooks` (the hook both nodes compose), `_stats`
+`set_flight_store`), `_once` (`at_most_once` tools and where their calls
+are recorded: `set_once_store`), `_hooks` (the hook both nodes compose), `_stats`
 (counters), `_middleware` (`BatchMiddleware`, needs `langchain`); this
 module is the public face. Imports only go from here
 down to them, never back up (`tests/unit/test_module_graph.py`).
@@ -48,9 +49,16 @@ from langgraph.prebuilt.tool_node import (
 )
 
 from langgraph_batch.tools._hooks import Execute, ToolResult, coalesced_call, in_tool_call
+from langgraph_batch.tools._once import ONCE_DONE as ONCE_DONE
+from langgraph_batch.tools._once import ONCE_RUN as ONCE_RUN
+from langgraph_batch.tools._once import ONCE_TAKEN as ONCE_TAKEN
+from langgraph_batch.tools._once import MemoryOnceStore as MemoryOnceStore
+from langgraph_batch.tools._once import OnceStore as OnceStore
+from langgraph_batch.tools._once import at_most_once, forget_once
+from langgraph_batch.tools._once import set_once_store as set_once_store
 from langgraph_batch.tools._policy import CoalescePolicy, coalesce, coalesce_policy
 from langgraph_batch.tools._policy import coalescing as coalescing
-from langgraph_batch.tools._policy import forget_run as forget_run
+from langgraph_batch.tools._policy import forget_run as _forget_coalesced
 from langgraph_batch.tools._singleflight import set_flight_store as set_flight_store
 from langgraph_batch.tools._stats import ToolStats, reset_tool_stats, tool_stats
 
@@ -59,17 +67,33 @@ if TYPE_CHECKING:
 
 # Also importable from here, for the library's other packages (fan_out, the distributed worker)
 # and the soak benchmark, and not part of `__all__` (no user API): coalescing (a coalesced
-# tool's runtime: its coalescer), forget_run, set_flight_store.
+# tool's runtime: its coalescer), forget_run, set_flight_store, and for the distributed
+# hosts' stores of at_most_once calls: set_once_store, OnceStore, MemoryOnceStore, ONCE_*.
 __all__ = (
     "BatchMiddleware",
     "BatchToolNode",
     "CoalescePolicy",
     "ToolStats",
+    "at_most_once",
     "coalesce",
     "coalesce_policy",
     "reset_tool_stats",
     "tool_stats",
 )
+
+
+def forget_run(run_id: str) -> None:
+    """Drop what coalesced tools and `at_most_once` calls kept for the run `run_id`.
+
+    `fan_out` and the distributed hosts call it when a run ends.
+
+    Example:
+        ```python
+        forget_run(sibling.run_id)
+        ```
+    """
+    _forget_coalesced(run_id)
+    forget_once(run_id)
 
 
 class _BatchToolHook:

@@ -93,6 +93,7 @@ def test_subpackages_export_their_pieces() -> None:
     assert set(nodes.__all__) == {"FanOutNode", "SiblingError", "fan_out"}
     assert set(tools.__all__) == {
         "BatchMiddleware",
+        "at_most_once",
         "BatchToolNode",
         "CoalescePolicy",
         "ToolStats",

@@ -18,7 +18,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from typing_extensions import TypedDict
 
 from langgraph_batch.chat_model import BatchedChatModel
-from langgraph_batch.tools import BatchToolNode, coalesce
+from langgraph_batch.tools import BatchToolNode, at_most_once, coalesce
 
 
 def _append(line: str) -> None:
@@ -132,3 +132,60 @@ def _tooly() -> Any:
 
 
 tooly = _tooly()
+
+
+# -- an at-most-once tool whose host dies (the at-most-once tests) -----------------------
+
+
+def _first_time(name: str) -> bool:
+    """True the first time any process of the test asks (a marker file beside the log)."""
+    path = os.environ.get("LGB_TEST_EXEC_LOG")
+    if not path:
+        return False
+    try:
+        with open(f"{path}.{name}", "x"):
+            return True
+    except FileExistsError:
+        return False
+
+
+@tool
+async def charge(order: str) -> str:
+    """Charge an order: an effect outside, logged once per execution."""
+    await log(f"charge {order} {os.getpid()}")
+    if order.endswith("-dies-in-tool") and _first_time(order):
+        os.kill(os.getpid(), signal.SIGKILL)  # the host dies while the tool runs
+    await asyncio.sleep(0.05)
+    return f"charged:{order}"
+
+
+class Order(MessagesState, total=False):
+    index: int
+    order: str
+    answer: str
+
+
+def place_order(state: Order) -> dict[str, Any]:
+    call = {"name": "charge", "args": {"order": state["order"]}, "id": "c1", "type": "tool_call"}
+    return {"messages": [AIMessage(content="", tool_calls=[call])]}
+
+
+async def confirm(state: Order) -> dict[str, Any]:
+    if state["order"].endswith("-dies-after") and _first_time(state["order"]):
+        os.kill(os.getpid(), signal.SIGKILL)  # the host dies after the tool finished
+    return {"answer": str(state["messages"][-1].content)}
+
+
+def _orders() -> Any:
+    b = StateGraph(Order)
+    b.add_node("place", place_order)
+    b.add_node("tools", BatchToolNode([at_most_once(charge)]))
+    b.add_node("confirm", confirm)
+    b.add_edge(START, "place")
+    b.add_edge("place", "tools")
+    b.add_edge("tools", "confirm")
+    b.add_edge("confirm", END)
+    return b.compile(name="orders")
+
+
+orders = _orders()
