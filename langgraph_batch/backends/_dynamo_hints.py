@@ -8,7 +8,9 @@ puts their output on the wire. Checked against `ai-dynamo` 1.6.1's frontend
   per fan_out sibling, as for the other routers: `backends/_session.py`);
   the frontend's KV router keeps a session on one worker when it runs with
   `--router-session-affinity-ttl-secs`. `X-Dynamo-Parent-Session-ID`: an
-  opaque key of the fan_out run (`ChatRequest.program`).
+  opaque key of the fan_out run (`ChatRequest.program`); the router binds
+  child sessions to their parent's worker, so a whole fan_out would share one
+  worker (`DynamoBackend` sends it only with `parent_session=True`).
   `X-Dynamo-Session-Final: true` on a call known to be the caller's last
   (`ChatRequest.final`).
 - **`nvext.agent_hints`** (1.6.1 accepts exactly `priority`, `strict_priority`,

@@ -5,10 +5,13 @@ OpenAI-compatible HTTP frontend and a KV-aware router in front of its
 workers. Per request this backend adds (`backends/_dynamo_hints.py` says what
 each field means and what Dynamo 1.6.1 accepts):
 
-- `X-Dynamo-Session-ID` (the sibling's opaque session key),
-  `X-Dynamo-Parent-Session-ID` (its fan_out run) and, on a call known to be
-  the sibling's last, `X-Dynamo-Session-Final: true`; `session_affinity=None`
-  sends none of them (nor the `SessionConfig` headers).
+- `X-Dynamo-Session-ID` (the sibling's opaque session key) and, on a call
+  known to be the sibling's last, `X-Dynamo-Session-Final: true`;
+  `X-Dynamo-Parent-Session-ID` (its fan_out run) only with
+  `parent_session=True`: Dynamo 1.6.1's router binds a child session to its
+  parent's worker, so every sibling of a run lands on ONE worker (measured:
+  128 of 128 requests on one of 2 workers, `benchmarks/dynamo_w4.py`).
+  `session_affinity=None` sends none of them (nor the `SessionConfig` headers).
 - `nvext.agent_hints`: `priority` (from the sibling's progress), `osl` (the
   output length learned from this backend's answers) and
   `latency_sensitivity`; `agent_hints=False` sends none.
@@ -51,6 +54,9 @@ class DynamoBackend(OpenAICompatibleBackend):
     Args:
         base_url: the frontend, with or without the trailing `/v1`.
         agent_hints: send `nvext.agent_hints` (priority, osl, latency_sensitivity).
+        parent_session: send `X-Dynamo-Parent-Session-ID` (the fan_out run). Off by
+            default: Dynamo pins child sessions to the parent's worker, which puts a
+            whole fan_out on one worker; for a few subagents sharing a long context.
         cache_control: send `nvext.cache_control` with the learned tool wait as
             TTL. Off by default: Dynamo 1.6.1 rejects the field (HTTP 400); it
             needs a build with cache pinning and the frontend's
@@ -75,6 +81,7 @@ class DynamoBackend(OpenAICompatibleBackend):
         base_url: str,
         *,
         agent_hints: bool = True,
+        parent_session: bool = False,
         cache_control: bool = False,
         low_priority_values_first: bool = True,
         latency_per_turn_s: float = 1.0,
@@ -84,6 +91,7 @@ class DynamoBackend(OpenAICompatibleBackend):
             raise ValueError(f"latency_per_turn_s must be >= 0 seconds, got {latency_per_turn_s!r}")
         super().__init__(base_url, **kwargs)
         self.agent_hints = agent_hints
+        self.parent_session = parent_session
         self.cache_control = cache_control
         self.low_priority_values_first = low_priority_values_first
         self.latency_per_turn_s = float(latency_per_turn_s)
@@ -118,7 +126,7 @@ class DynamoBackend(OpenAICompatibleBackend):
         if self._session.config is None:
             return headers
         key = self._session.key(request)
-        parent = program_key(request, self._credentials)
+        parent = program_key(request, self._credentials) if self.parent_session else None
         return {**(headers or {}), **dynamo_headers(request, key, parent)}
 
     async def chat(

@@ -52,7 +52,7 @@ def test_a_negative_latency_step_is_refused() -> None:
 async def test_a_sibling_sends_its_session_parent_and_final_headers(recorder: Recorder) -> None:
     recorder.handler = lambda r: answer()
     sibling = req(route_key="sibling:run/3", program="run", turn=1, final=True)
-    async with make(recorder) as b:
+    async with make(recorder, parent_session=True) as b:
         await b.chat(sibling)
         await b.chat(req(route_key="sibling:run/4", program="run"))
     first, second = recorder.requests
@@ -69,13 +69,16 @@ async def test_a_sibling_sends_its_session_parent_and_final_headers(recorder: Re
     assert "X-Dynamo-Session-Final" not in second.headers
 
 
-async def test_outside_a_fan_out_there_is_no_parent(recorder: Recorder) -> None:
+async def test_no_parent_by_default_nor_outside_a_fan_out(recorder: Recorder) -> None:
     recorder.handler = lambda r: answer()
     async with make(recorder) as b:
+        await b.chat(req(route_key="sibling:run/3", program="run", final=True))
+    async with make(recorder, parent_session=True) as b:
         await b.chat(req())
-    headers = recorder.requests[0].headers
-    assert "X-Dynamo-Session-ID" in headers
-    assert "X-Dynamo-Parent-Session-ID" not in headers
+    for request in recorder.requests:
+        assert "X-Dynamo-Session-ID" in request.headers
+        assert "X-Dynamo-Parent-Session-ID" not in request.headers
+    assert recorder.requests[0].headers["X-Dynamo-Session-Final"] == "true"
 
 
 async def test_no_session_affinity_sends_no_session_header(recorder: Recorder) -> None:
