@@ -226,6 +226,17 @@ def _markdown(results: list[dict[str, Any]], command: str) -> str:
             f"(median {ratios[len(ratios) // 2]}; goal <= 0.6); smallest worker share with "
             f"headers: **{shares:.0%}** (goal >= 25%).",
             "",
+            "Why not 0.6x: with the headers every turn 2 is a full cache hit on the worker of "
+            "its turn 1 (cached = the shared system prompt on all but the first sibling of each "
+            "worker, plus each turn 2's whole turn-1 prompt), so that run is at the floor. "
+            "Without them Dynamo's KV router is itself prefix-aware (it routes on KV events from "
+            "the workers) and already sends most turn 2s to their cached prefix; only the ones "
+            "its load balancing moves elsewhere recompute, about 7-8 of 64 here. The 0.6x goal "
+            "comes from session-blind routers (vllm-router hashing a per-call id, sglang-router "
+            "at random), where half the turn 2s miss. `X-Dynamo-Parent-Session-ID` (the fan_out "
+            "run) is not sent by default: Dynamo binds child sessions to the parent's worker, "
+            "which put all 128 requests on one worker (`DynamoBackend(parent_session=True)`).",
+            "",
         ]
     )
 
