@@ -25,6 +25,7 @@ python -m benchmarks.dynamo_stack    # install (cached), start, one request, sto
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import re
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +123,24 @@ def ensure_venv(venv: Path | None = None) -> Path:
     marker = venv / f".lgb-ai-dynamo-{DYNAMO_VERSION}"
     if marker.exists():
         return venv
+    with _locked(venv):
+        if not marker.exists():
+            _install(venv, marker)
+    return venv
+
+
+@contextlib.contextmanager
+def _locked(venv: Path) -> Iterator[None]:
+    """One installer at a time (pytest-xdist workers, two benchmarks): the others wait."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with (venv.parent / f".{venv.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _install(venv: Path, marker: Path) -> None:
     py = str(_python(venv))
     if not _python(venv).exists():
-        venv.parent.mkdir(parents=True, exist_ok=True)
         _run([sys.executable, "-m", "venv", str(venv)], f"creating {venv}", 300)
     pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     _run(
@@ -138,7 +154,6 @@ def ensure_venv(venv: Path | None = None) -> Path:
     if "lgb-ok" not in out:
         raise DynamoInstallError("dynamo does not import", log=out)
     marker.write_text(DYNAMO_VERSION + "\n")
-    return venv
 
 
 def ensure_model(venv: Path) -> Path:
@@ -148,10 +163,14 @@ def ensure_model(venv: Path) -> Path:
     stamp = path / ".source"
     if stamp.exists() and stamp.read_bytes() == source:
         return path
-    if path.exists():
-        shutil.rmtree(path)
-    _run([str(_python(venv)), str(_HERE / "vllm_cpu" / "model.py"), str(path)], "tiny model", 300)
-    stamp.write_bytes(source)
+    with _locked(venv):
+        if stamp.exists() and stamp.read_bytes() == source:
+            return path
+        if path.exists():
+            shutil.rmtree(path)
+        make = [str(_python(venv)), str(_HERE / "vllm_cpu" / "model.py"), str(path)]
+        _run(make, "tiny model", 300)
+        stamp.write_bytes(source)
     return path
 
 
