@@ -6,7 +6,7 @@
   dependencies, then every dependency but `aisimulate`: that one is published
   only on pypi.nvidia.com (a placeholder on PyPI that fails to build), and
   only Dynamo's planner imports it; the frontend and the mocker do not.
-  Measured on a 2-core machine: ~60 s, ~690 MB (the runtime wheel is 75 MB;
+  Measured on a 2-core machine: 60-80 s, ~690 MB (the runtime wheel is 75 MB;
   `transformers` and `kubernetes` are the rest). A failed install raises
   `DynamoInstallError` with pip's last lines.
 - `ensure_model(venv)`: the tiny tokenizer and config of `benchmarks/vllm_cpu/model.py`
@@ -145,7 +145,7 @@ def _install(venv: Path, marker: Path) -> None:
     pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     _run(
         [*pip, "--no-deps", f"ai-dynamo=={DYNAMO_VERSION}"],
-        f"pip install ai-dynamo=={DYNAMO_VERSION} into {venv} (~60 s, ~690 MB; cached after)",
+        f"pip install ai-dynamo=={DYNAMO_VERSION} into {venv} (~60-80 s, ~690 MB; cached after)",
         900,
     )
     _run([*pip, *_DEPS], "pip install its dependencies (all but aisimulate)", 1800)

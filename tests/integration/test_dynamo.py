@@ -1,7 +1,7 @@
 """NVIDIA Dynamo, the real thing: frontend + KV router + 2 mocker workers on loopback.
 
 `ai-dynamo==1.6.1` installs itself into a cached venv of its own
-(`benchmarks/dynamo_stack.py`: ~60-75 s and ~690 MB the first time on a
+(`benchmarks/dynamo_stack.py`: ~60-80 s and ~690 MB the first time on a
 clean machine, nothing after); a test skips, saying why, only where it cannot
 be installed. Each stack starts in about a second (file discovery, TCP
 request plane, ZMQ KV events) and its processes are killed at teardown.
