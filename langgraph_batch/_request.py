@@ -158,8 +158,15 @@ def build_request(
         else task_route_key(),
         turn=turn,
         retention_s=sibling.retention_hint() if sibling is not None else None,
+        program=(sibling.run_id or sibling.group) if sibling is not None else None,
+        final=sibling is not None and sibling.tool_name is not None and _binds_no_tool(params),
     )
     return request, turn, sibling
+
+
+def _binds_no_tool(params: Mapping[str, Any]) -> bool:
+    """The call cannot call a tool: none bound, or `tool_choice="none"`."""
+    return not params.get("tools") or params.get("tool_choice") == "none"
 
 
 def tool_call_check_for(

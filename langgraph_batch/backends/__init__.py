@@ -1,4 +1,4 @@
-"""Backends: how requests reach an inference server (OpenAI-compatible, vLLM, SGLang).
+"""Backends: how requests reach an inference server (OpenAI-compatible, vLLM, SGLang, Dynamo).
 
 Example:
     ```python
@@ -29,6 +29,7 @@ from langgraph_batch.backends.base import (
     ToolCallChunk,
     Usage,
 )
+from langgraph_batch.backends.dynamo import DynamoBackend
 from langgraph_batch.backends.langchain import LangChainBackend
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
 from langgraph_batch.backends.pool import EndpointPool
@@ -43,6 +44,7 @@ __all__ = (
     "ChatChunk",
     "ChatRequest",
     "ChatResponse",
+    "DynamoBackend",
     "EndpointPool",
     "EngineMetrics",
     "LangChainBackend",

@@ -8,6 +8,7 @@ from typing import Any
 from langgraph_batch._redact import safe_url
 from langgraph_batch.backends._session import SessionConfig, session_suffix
 from langgraph_batch.backends.base import Backend
+from langgraph_batch.backends.dynamo import DynamoBackend
 from langgraph_batch.backends.openai_compat import (
     OpenAICompatibleBackend,
     credentials_hash,
@@ -21,7 +22,8 @@ __all__ = ("backend_from_url", "backend_key", "check_api_key")
 
 _ACCEPTED = (
     "http://host:port[/v1] or https://host[/v1] (any OpenAI-compatible server), "
-    "openai://host (OpenAI-compatible over https), vllm://host:port, sglang://host:port; "
+    "openai://host (OpenAI-compatible over https), vllm://host:port, sglang://host:port, "
+    "dynamo://host:port; "
     "a comma-separated host list (vllm://h1:8000,h2:8000) builds an EndpointPool"
 )
 
@@ -40,6 +42,9 @@ _SCHEMES: dict[str, tuple[type[OpenAICompatibleBackend], str]] = {
     "sglang": (SGLangBackend, "http"),
     "sglang+http": (SGLangBackend, "http"),
     "sglang+https": (SGLangBackend, "https"),
+    "dynamo": (DynamoBackend, "http"),
+    "dynamo+http": (DynamoBackend, "http"),
+    "dynamo+https": (DynamoBackend, "https"),
 }
 
 
@@ -53,13 +58,15 @@ def backend_from_url(
         backend_from_url("vllm://127.0.0.1:8000")        # VLLMBackend(http://127.0.0.1:8000)
         backend_from_url("http://127.0.0.1:8000/v1")     # OpenAICompatibleBackend
         backend_from_url("sglang://gpu1:30000", priority_scheduling=True)
+        backend_from_url("dynamo://127.0.0.1:8000")      # DynamoBackend (NVIDIA Dynamo)
         backend_from_url("openai://api.openai.com", api_key="sk-...")
         backend_from_url("vllm://gpu1:8000,gpu2:8000", routing="affinity")  # EndpointPool
         ```
 
     Args:
-        url: `http(s)://host:port[/v1]`, `openai://host`, `vllm://host:port` or
-            `sglang://host:port` (`vllm+https://` and `sglang+https://` for TLS).
+        url: `http(s)://host:port[/v1]`, `openai://host`, `vllm://host:port`,
+            `sglang://host:port` or `dynamo://host:port` (`vllm+https://`,
+            `sglang+https://` and `dynamo+https://` for TLS).
             Several comma-separated hosts after one scheme
             (`vllm://h1:8000,h2:8000`) build an `EndpointPool` of that class.
         api_key: sent as a Bearer token (required for `openai://`).
@@ -71,7 +78,8 @@ def backend_from_url(
             of a host list (and are ignored for a single host).
 
     Returns:
-        An `OpenAICompatibleBackend`, `VLLMBackend` or `SGLangBackend`; an
+        An `OpenAICompatibleBackend`, `VLLMBackend`, `SGLangBackend` or
+            `DynamoBackend`; an
         `EndpointPool` of them for a host list.
 
     Raises:

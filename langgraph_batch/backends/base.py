@@ -92,6 +92,15 @@ class ChatRequest:
     of the tool it will likely call next, learned from the run
     (`SiblingInfo.retention_hint`; None: unknown). Sent only as an engine hint
     (`SessionConfig.engine_hints`, vllm-router's `kv_retention_ttl_seconds`)."""
+    program: str | None = None
+    """The program the caller belongs to: its fan_out run (`SiblingInfo.run_id`, else
+    its `group`); None outside a fan_out. Sent only where a server takes a parent
+    session (`DynamoBackend`'s `X-Dynamo-Parent-Session-ID`, as an opaque key)."""
+    final: bool = False
+    """True when this is known to be the caller's last LLM call: a fan_out sibling that
+    has called tools and now calls the model with none bound (or `tool_choice="none"`),
+    so no tool wait follows. Sent only where a server takes it
+    (`DynamoBackend`'s `X-Dynamo-Session-Final`)."""
 
 
 def sibling_route_key(sibling_id: object) -> str:

@@ -74,9 +74,13 @@ def test_backend_errors_are_langchain_model_errors() -> None:
 
 
 def test_subpackages_export_their_pieces() -> None:
-    assert {"Backend", "OpenAICompatibleBackend", "VLLMBackend", "SGLangBackend"} <= set(
-        backends.__all__
-    )
+    assert {
+        "Backend",
+        "DynamoBackend",
+        "OpenAICompatibleBackend",
+        "VLLMBackend",
+        "SGLangBackend",
+    } <= set(backends.__all__)
     assert set(scheduler.__all__) == {
         "BatchPolicy",
         "KVLedger",
