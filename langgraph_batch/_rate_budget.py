@@ -94,7 +94,7 @@ class RateLimitPolicy:
     Raises:
         ValueError: a limit or option out of range (the message names it).
 
-    !!! version-added "Added in version 0.3.0"
+    !!! version-added "Added in version 0.2.0"
     """
 
     requests_per_min: float | None = None
@@ -450,6 +450,9 @@ def request_costs(
 @dataclass(slots=True)
 class _Registry:
     pacers: dict[str, RatePacer] = field(default_factory=dict)
+    """By digest: the budget's identity."""
+    by_key: dict[str, RatePacer] = field(default_factory=dict)
+    """By backend key (no secret: keys hold digests): one lookup per response."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -467,19 +470,20 @@ def pacer_for(key: str) -> RatePacer:
         pacer = _REGISTRY.pacers.get(digest)
         if pacer is None:
             pacer = _REGISTRY.pacers[digest] = RatePacer(digest)
+        _REGISTRY.by_key[key] = pacer
         return pacer
 
 
 def existing_pacer(key: str) -> RatePacer | None:
     """The pacer of a key if some scheduler made one (backends only feed existing ones)."""
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return _REGISTRY.pacers.get(digest)
+    return _REGISTRY.by_key.get(key)
 
 
 def forget_pacers() -> None:
     """Drop every pacer (tests)."""
     with _REGISTRY.lock:
         _REGISTRY.pacers.clear()
+        _REGISTRY.by_key.clear()
 
 
 def observe_response(key: str, request: Any, response: Any) -> None:

@@ -15,13 +15,19 @@ import random
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import Request as HTTPRequest
 
 from langgraph_batch.emulator._hints import AgentHints
 from langgraph_batch.emulator._http import RequestError, RequestOptions, Watch
-from langgraph_batch.emulator._ratelimit import Admission, RateLimited, RateLimiter, openai_headers
+from langgraph_batch.emulator._ratelimit import (
+    Admission,
+    RateLimited,
+    RateLimiter,
+    anthropic_headers,
+    openai_headers,
+)
 from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
 from langgraph_batch.emulator.driver import RealTimeDriver
@@ -83,12 +89,18 @@ class Serving:
     # -- rate limits (OpenAI's headers; the Anthropic route writes its own) -----
 
     def admit(
-        self, body: Mapping[str, Any], input_tokens: int, headers: dict[str, str]
+        self,
+        body: Mapping[str, Any],
+        input_tokens: int,
+        headers: dict[str, str],
+        *,
+        style: Literal["openai", "anthropic"] = "openai",
     ) -> Admission | None:
         """Charge a request to the rate limits and add their headers to `headers`.
 
         Output is charged at the body's `max_tokens` (or `max_completion_tokens`;
-        0 when absent) and settled by `settle` when the request ends.
+        0 when absent) and settled by `settle` when the request ends. `style`
+        picks the headers' spelling (`anthropic` for a Messages route).
 
         Raises:
             RequestError: a 429 with the limit headers and `retry-after`.
@@ -96,6 +108,7 @@ class Serving:
         limiter = self.rate_limits
         if limiter is None:
             return None
+        write = anthropic_headers if style == "anthropic" else openai_headers
         raw = body.get("max_completion_tokens", body.get("max_tokens"))
         output = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 0
         try:
@@ -103,9 +116,9 @@ class Serving:
         except RateLimited as exc:
             self.rate_limited += 1
             err = RequestError(str(exc), status=429, err_type="RateLimitError")
-            err.headers.update(openai_headers(limiter.snapshot(), retry_after_s=exc.retry_after_s))
+            err.headers.update(write(limiter.snapshot(), retry_after_s=exc.retry_after_s))
             raise err from None
-        headers.update(openai_headers(limiter.snapshot()))
+        headers.update(write(limiter.snapshot()))
         return admission
 
     def settle(self, admission: Admission | None, output_tokens: int) -> None:

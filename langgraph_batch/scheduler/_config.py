@@ -234,7 +234,7 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
     server's rate-limit headers when it sends them (OpenAI's `x-ratelimit-*`,
     Anthropic's `anthropic-ratelimit-*`), without holding a first burst.
 
-    !!! version-added "Added in version 0.3.0"
+    !!! version-added "Added in version 0.2.0"
     """
     decode_elasticity: float = 0.25
     """How much throughput a larger decode cap must buy: a step up is taken

@@ -145,3 +145,23 @@ def test_the_limits_are_options_of_the_config_and_the_cli() -> None:
         EmulatorConfig(rate_limit_tpm=0)
     with pytest.raises(ValueError, match="per minute must be an integer"):
         RateLimiter(requests_per_min=0)
+
+
+def test_the_server_charges_a_body_and_answers_429_in_either_spelling() -> None:
+    from langgraph_batch.emulator._http import RequestError
+    from langgraph_batch.emulator._serving import Serving
+
+    server = Serving(EmulatorConfig(rate_limit_rpm=2, rate_limit_itpm=1000, rate_limit_otpm=100))
+    headers: dict[str, str] = {}
+    ticket = server.admit({"max_tokens": 60}, 10, headers, style="anthropic")
+    assert headers["anthropic-ratelimit-output-tokens-remaining"] == "40"
+    server.settle(ticket, 5)
+    headers = {}
+    server.admit({}, 10, headers)  # no max_tokens: output charged at the end only
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    with pytest.raises(RequestError) as info:
+        server.admit({}, 10, {})
+    assert info.value.status == 429
+    assert info.value.headers["retry-after"] == "30"
+    assert server.rate_limited == 1
+    assert Serving(EmulatorConfig()).admit({}, 10, {}) is None  # no limits: nothing charged
