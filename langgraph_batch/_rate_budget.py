@@ -194,6 +194,8 @@ class RateTicket:
     """A reading taken after it was sent already counts what the server charged."""
     raw_input: float = 0.0
     """The input estimate before calibration (`RatePacer.input_scale`)."""
+    shape: int = 0
+    """Its calibration class: the number of messages."""
 
 
 @dataclass(slots=True)
@@ -227,7 +229,11 @@ class RatePacer:
         self._policy = _HEADERS_ONLY
         self._probe = _ProbeState()
         self._pending: set[RateTicket] = set()
-        self._input_ratios: collections.deque[float] = collections.deque(maxlen=_RATIOS_KEPT)
+        # Counted / estimated input, by shape (messages per request): a chat
+        # template adds tokens per message that the bytes do not show.
+        self._input_ratios: dict[int, collections.deque[float]] = {}
+        self._minute_s: float | None = None
+        """The limits' minute as the headers show it (None: not seen yet)."""
 
     def __repr__(self) -> str:
         return f"RatePacer({self.digest!r}, {sorted(self._buckets)})"
@@ -281,8 +287,15 @@ class RatePacer:
 
     # ---------------------------------------------------------------- requests
 
-    def reserve(self, costs: Costs, now: float) -> tuple[RateTicket | None, float]:
+    def reserve(
+        self, costs: Costs, now: float, *, shape: int = 0
+    ) -> tuple[RateTicket | None, float]:
         """Book a request's costs; return its ticket and how long to wait before sending.
+
+        Args:
+            costs: the estimated costs (`request_costs`).
+            now: `time.monotonic()`.
+            shape: the request's calibration class (its number of messages).
 
         Returns:
             `(ticket, delay)`; `(None, delay)` while another request probes an
@@ -295,9 +308,10 @@ class RatePacer:
                     return None, _PROBE_POLL_S
                 probe = True
             raw_input = costs.get("input_tokens", 0.0)
-            if raw_input and self._input_ratios:
+            scale = self.input_scale(shape)
+            if raw_input and scale < 1.0:
                 costs = dict(costs)
-                costs["input_tokens"] = raw_input * self.input_scale
+                costs["input_tokens"] = raw_input * scale
                 costs["tokens"] = costs["input_tokens"] + costs.get("output_tokens", 0.0)
             wait = 0.0
             for dim, bucket in self._buckets.items():
@@ -305,20 +319,24 @@ class RatePacer:
             for dim, bucket in self._buckets.items():
                 bucket.level -= costs.get(dim, 0.0)  # refilled to `now` by wait_s
             booked = {d: costs.get(d, 0.0) for d in self._buckets}
-            ticket = RateTicket(booked, now + wait, probe=probe, raw_input=raw_input)
+            ticket = RateTicket(booked, now + wait, probe=probe, raw_input=raw_input, shape=shape)
             if probe:
                 self._probe.ticket = ticket
             self._pending.add(ticket)
             return ticket, wait
 
-    @property
-    def input_scale(self) -> float:
-        """What input estimates are multiplied by (at most 1).
+    def input_scale(self, shape: int = 0) -> float:
+        """What input estimates of a shape are multiplied by (at most 1).
 
-        The largest counted / estimated ratio of the latest answers: estimates
-        start generous and only come down to what the server counts.
+        The largest counted / estimated ratio among the latest answers of that
+        shape (of any shape while it has none): estimates start generous and
+        only come down to what the server counts.
         """
-        return min(1.0, max(self._input_ratios)) if self._input_ratios else 1.0
+        ratios = self._input_ratios.get(shape)
+        if ratios:
+            return min(1.0, max(ratios))
+        seen = [max(r) for r in self._input_ratios.values() if r]
+        return min(1.0, max(seen)) if seen else 1.0
 
     def release(self, ticket: RateTicket, now: float) -> None:
         """Give back a booking the server never charged (never sent, or refused with 429)."""
@@ -334,8 +352,14 @@ class RatePacer:
                     bucket.refill(now)
                     bucket.level = min(bucket.capacity, bucket.level + cost)
 
-    def settle(self, ticket: RateTicket, actual: Costs | None, now: float) -> None:
-        """Replace a booking's estimate by what the server reported using (None: keep it)."""
+    def settle(
+        self, ticket: RateTicket, actual: Costs | None, now: float, *, calibrate: bool = True
+    ) -> None:
+        """Replace a booking's estimate by what the server reported using (None: keep it).
+
+        `calibrate=False`: the figures are a share of a batched call's usage,
+        right in sum but not per request: they settle, they do not calibrate.
+        """
         with self._lock:
             if ticket.done:
                 return
@@ -345,8 +369,13 @@ class RatePacer:
             if actual is None:
                 return
             counted = actual.get("input_tokens")
-            if counted is not None and ticket.raw_input > 0:
-                self._input_ratios.append(counted / ticket.raw_input)
+            if calibrate and counted is not None and ticket.raw_input > 0:
+                ratios = self._input_ratios.get(ticket.shape)
+                if ratios is None:
+                    ratios = self._input_ratios[ticket.shape] = collections.deque(
+                        maxlen=_RATIOS_KEPT
+                    )
+                ratios.append(counted / ticket.raw_input)
             out_extra = actual.get("output_tokens", 0.0) - ticket.costs.get("output_tokens", 0.0)
             for dim, bucket in self._buckets.items():
                 if dim not in actual:
@@ -376,24 +405,29 @@ class RatePacer:
             self._probe.learned = True
             if not readings or not self._policy.follow_headers:
                 return
+            for reading in readings.values():
+                self._learn_minute(reading)
             for dim, reading in readings.items():
                 self._observe_one(dim, reading, now)
             for ticket in self._pending:
                 if ticket.send_at <= now:
                     ticket.synced = True
 
+    def _learn_minute(self, reading: RateReading) -> None:
+        # A bucket refills at limit / minute: full again in reset = used x minute / limit.
+        # Every limit of a provider shares the minute; the one used most tells it best.
+        used = reading.limit - reading.remaining
+        if reading.reset_s is None or not reading.reset_s > 0:
+            return
+        if used < _MIN_USED_SHARE * reading.limit:
+            return
+        seen = reading.reset_s * reading.limit / used
+        self._minute_s = seen if self._minute_s is None else 0.5 * self._minute_s + 0.5 * seen
+
     def _observe_one(self, dim: str, reading: RateReading, now: float) -> None:
         policy = self._policy
         bucket = self._buckets.get(dim)
-        window = bucket.window_s if bucket is not None else policy.minute_s
-        used = reading.limit - reading.remaining
-        if (
-            reading.reset_s is not None
-            and reading.reset_s > 0
-            and used >= _MIN_USED_SHARE * (reading.limit)
-        ):
-            seen = reading.reset_s * reading.limit / used
-            window = seen if bucket is None or bucket.explicit else 0.5 * window + 0.5 * seen
+        window = self._minute_s if self._minute_s is not None else policy.minute_s
         if bucket is None:
             cap = reading.limit * policy.headroom
             bucket = _Bucket(

@@ -334,9 +334,15 @@ async def chat_batch(server: Serving, request: HTTPRequest) -> Response:
                     salt=salt_of(body),
                 )
             )
+        headers = {"X-Request-Id": rid}
+        admission = server.admit(body, sum(r.prompt_len for r in reqs), headers, requests=len(reqs))
     except RequestError as exc:
         return exc.response()
-    if not await server.run_to_end(reqs, request, opts):
+    try:
+        done = await server.run_to_end(reqs, request, opts)
+    finally:
+        server.settle(admission, sum(r.num_output for r in reqs))
+    if not done:
         return Response(status_code=499)
     choices = []
     for i, (req, plan) in enumerate(zip(reqs, plans, strict=True)):
@@ -359,7 +365,7 @@ async def chat_batch(server: Serving, request: HTTPRequest) -> Response:
                 details=server.config.prompt_tokens_details,
             ),
         },
-        headers={"X-Request-Id": rid},
+        headers=headers,
     )
 
 
@@ -393,9 +399,15 @@ async def completions(server: Serving, request: HTTPRequest) -> Response:
                     salt=salt_of(body),
                 )
             )
+        headers = {"X-Request-Id": rid}
+        admission = server.admit(body, sum(r.prompt_len for r in reqs), headers, requests=len(reqs))
     except RequestError as exc:
         return exc.response()
-    if not await server.run_to_end(reqs, request, opts):
+    try:
+        done = await server.run_to_end(reqs, request, opts)
+    finally:
+        server.settle(admission, sum(r.num_output for r in reqs))
+    if not done:
         return Response(status_code=499)
     choices = [
         {
@@ -428,7 +440,7 @@ async def completions(server: Serving, request: HTTPRequest) -> Response:
             "service_tier": None,
             "kv_transfer_params": None,
         },
-        headers={"X-Request-Id": rid},
+        headers=headers,
     )
 
 

@@ -200,9 +200,9 @@ class RateLimiter:
         """Whether any limit is set."""
         return bool(self.buckets)
 
-    def _costs(self, input_tokens: int, output_tokens: int) -> dict[str, int]:
+    def _costs(self, input_tokens: int, output_tokens: int, requests: int) -> dict[str, int]:
         costs = {
-            "requests": 1,
+            "requests": requests,
             "tokens": input_tokens + output_tokens,
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
@@ -210,13 +210,19 @@ class RateLimiter:
         return {name: costs[name] for name in self.buckets}
 
     def admit(
-        self, *, input_tokens: int, output_tokens: int = 0, now: float | None = None
+        self,
+        *,
+        input_tokens: int,
+        output_tokens: int = 0,
+        requests: int = 1,
+        now: float | None = None,
     ) -> Admission:
         """Charge one request, or refuse it without charging anything.
 
         Args:
             input_tokens: the prompt's tokens.
             output_tokens: the output charged up front (the request's `max_tokens`, or 0).
+            requests: requests it counts for (a batch call: one per prompt).
             now: the clock's time (default: now).
 
         Returns:
@@ -227,7 +233,7 @@ class RateLimiter:
                 longest wait among them (a minute when a cost exceeds a limit).
         """
         now = self._clock() if now is None else now
-        costs = self._costs(input_tokens, output_tokens)
+        costs = self._costs(input_tokens, output_tokens, requests)
         worst, wait = "", 0.0
         for name, cost in costs.items():
             w = self.buckets[name].wait_s(cost, now)

@@ -94,13 +94,15 @@ class Serving:
         input_tokens: int,
         headers: dict[str, str],
         *,
+        requests: int = 1,
         style: Literal["openai", "anthropic"] = "openai",
     ) -> Admission | None:
         """Charge a request to the rate limits and add their headers to `headers`.
 
         Output is charged at the body's `max_tokens` (or `max_completion_tokens`;
-        0 when absent) and settled by `settle` when the request ends. `style`
-        picks the headers' spelling (`anthropic` for a Messages route).
+        0 when absent; per prompt for a batch of `requests` prompts) and settled
+        by `settle` when the request ends. `style` picks the headers' spelling
+        (`anthropic` for a Messages route).
 
         Raises:
             RequestError: a 429 with the limit headers and `retry-after`.
@@ -112,7 +114,9 @@ class Serving:
         raw = body.get("max_completion_tokens", body.get("max_tokens"))
         output = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 0
         try:
-            admission = limiter.admit(input_tokens=input_tokens, output_tokens=output)
+            admission = limiter.admit(
+                input_tokens=input_tokens, output_tokens=output * requests, requests=requests
+            )
         except RateLimited as exc:
             self.rate_limited += 1
             err = RequestError(str(exc), status=429, err_type="RateLimitError")

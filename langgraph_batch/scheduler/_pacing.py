@@ -58,7 +58,7 @@ class RateGate:
             costs = {"requests": 1.0}
         clock = time.monotonic
         while True:
-            ticket, delay = pacer.reserve(costs, clock())
+            ticket, delay = pacer.reserve(costs, clock(), shape=len(request.messages))
             if ticket is not None:
                 break
             with held():  # another request probes the key's limits
@@ -88,9 +88,10 @@ class RateGate:
                 self.pacer.settle(ticket, None, now)
             return
         usage = resp.usage if resp is not None else None
-        if usage is None or usage.estimated:
+        if usage is None:
             self.pacer.settle(ticket, None, now)
             return
         inp, out = float(usage.prompt_tokens), float(usage.completion_tokens)
         actual = {"requests": 1.0, "input_tokens": inp, "output_tokens": out, "tokens": inp + out}
-        self.pacer.settle(ticket, actual, now)
+        # A batched call's usage is split among its members: right in sum only.
+        self.pacer.settle(ticket, actual, now, calibrate=not usage.estimated)

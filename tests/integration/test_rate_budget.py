@@ -158,3 +158,24 @@ async def test_fan_out_siblings_of_two_turns_share_one_learned_budget(url: str) 
     bound = (tokens - TPM) / (TPM / MINUTE_S)
     assert tokens > 6 * TPM
     assert makespan < 1.5 * bound + 1.0, (makespan, bound)
+
+
+async def test_batch_and_completions_calls_count_one_request_per_prompt(
+    start_emulator: Callable[..., str],
+) -> None:
+    url = await asyncio.to_thread(
+        start_emulator, profile="zero", scenario="echo", time_scale=1.0, rate_limit_rpm=3
+    )
+    conv = [{"role": "user", "content": "hi"}]
+    async with httpx.AsyncClient(base_url=url) as client:
+        ok = await client.post(
+            "/v1/chat/completions/batch", json={"messages": [conv, conv], "max_tokens": 4}
+        )
+        assert ok.status_code == 200
+        assert ok.headers["x-ratelimit-remaining-requests"] == "1"
+        over = await client.post("/v1/completions", json={"prompt": ["a", "b"], "max_tokens": 4})
+        assert over.status_code == 429
+        assert int(over.headers["retry-after"]) >= 1
+        one = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 4})
+        assert one.status_code == 200
+        assert one.headers["x-ratelimit-remaining-requests"] == "0"

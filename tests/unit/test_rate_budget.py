@@ -151,18 +151,50 @@ def test_input_estimates_are_calibrated_on_what_the_server_counted() -> None:
     costs = {"requests": 1.0, "input_tokens": 100.0, "output_tokens": 10.0, "tokens": 110.0}
     ticket, _ = pacer.reserve(costs, now=0.0)
     assert ticket is not None
-    assert pacer.input_scale == 1.0
+    assert pacer.input_scale() == 1.0
     pacer.settle(ticket, {"input_tokens": 60.0, "output_tokens": 10.0}, now=0.0)
-    assert pacer.input_scale == pytest.approx(0.6)
+    assert pacer.input_scale() == pytest.approx(0.6)
     ticket, _ = pacer.reserve(costs, now=0.0)
     assert ticket is not None
     assert ticket.costs == {"input_tokens": pytest.approx(60.0)}
     pacer.settle(ticket, {"input_tokens": 300.0}, now=0.0)  # never above the generous estimate
-    assert pacer.input_scale == 1.0
+    assert pacer.input_scale() == 1.0
     ticket, _ = pacer.reserve(costs, now=0.0)
     assert ticket is not None
     pacer.settle(ticket, None, now=0.0)  # no usage: the booking stands, nothing learned
-    assert pacer.input_scale == 1.0
+    assert pacer.input_scale() == 1.0
+    ticket, _ = pacer.reserve(costs, now=0.0)
+    assert ticket is not None
+    pacer.settle(ticket, {"input_tokens": 10.0}, now=0.0, calibrate=False)  # a batch's share
+    assert pacer.input_scale() == 1.0
+
+
+def test_calibration_is_kept_per_number_of_messages() -> None:
+    pacer = _pacer(input_tokens_per_min=6000)
+    one, _ = pacer.reserve({"input_tokens": 100.0}, now=0.0, shape=1)
+    three, _ = pacer.reserve({"input_tokens": 100.0}, now=0.0, shape=3)
+    assert one is not None
+    assert three is not None
+    pacer.settle(one, {"input_tokens": 70.0}, now=0.0)
+    assert pacer.input_scale(3) == pytest.approx(0.7)  # none of its own yet: any shape's
+    pacer.settle(three, {"input_tokens": 90.0}, now=0.0)
+    assert pacer.input_scale(1) == pytest.approx(0.7)
+    assert pacer.input_scale(3) == pytest.approx(0.9)
+    assert pacer.input_scale(5) == pytest.approx(0.9)  # unseen: the most generous seen
+
+
+def test_every_learned_limit_shares_the_minute_the_busiest_one_shows() -> None:
+    pacer = RatePacer("minute")
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0), now=0.0)
+    # Tokens show a 2 s minute (300 of 1500 used, full in 0.4 s); requests, barely
+    # used, say nothing about it but refill over the same minute.
+    pacer.observe(
+        {"tokens": RateReading(1500, 1200, 0.4), "requests": RateReading(6000, 5999, 0.0003)},
+        now=0.0,
+    )
+    for _ in range(5999):
+        pacer.reserve({"requests": 1.0}, now=0.0)
+    assert pacer.reserve({"requests": 1.0}, now=0.0)[1] == pytest.approx(2.0 / 6000)
 
 
 def test_the_headers_teach_limits_and_the_minute_and_lower_what_is_left() -> None:
