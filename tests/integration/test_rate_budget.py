@@ -5,8 +5,9 @@ whose tokens exceed the emulator's per-minute budget several times over.
 The minute is 60 / time_scale wall seconds (1 s here). Without pacing the
 burst draws 429s and retries; with a budget, stated or learned from the
 `x-ratelimit-*` headers, none, and the makespan stays near the bound
-(tokens beyond the first full bucket / the refill rate). The last test does
-the same through `fan_out`: 50 siblings of two model calls each.
+(tokens beyond the first full bucket / the refill rate). The same through
+`fan_out` (50 siblings of two model calls each) and through
+`LangChainBackend(ChatOpenAI(include_response_headers=True))`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any
 import httpx
 import pytest
 from langchain_core.messages import AnyMessage, HumanMessage
+from langchain_openai import ChatOpenAI
 from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
-from langgraph_batch._rate_budget import forget_pacers
-from langgraph_batch.backends import OpenAICompatibleBackend
+from langgraph_batch._rate_budget import existing_pacer, forget_pacers
+from langgraph_batch.backends import LangChainBackend, OpenAICompatibleBackend
 from langgraph_batch.backends.base import ChatRequest
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.nodes import SiblingError, fan_out
@@ -179,3 +181,38 @@ async def test_batch_and_completions_calls_count_one_request_per_prompt(
         one = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 4})
         assert one.status_code == 200
         assert one.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_chat_openai_with_response_headers_learns_the_budget_through_langchain(
+    url: str,
+) -> None:
+    # LangChainBackend reads `response_metadata["headers"]`, which ChatOpenAI fills
+    # with include_response_headers=True; the SDK's own retries are off, so that
+    # every 429 would reach the server's count.
+    forget_pacers()
+    model = ChatOpenAI(
+        model="emulated-llama-3-8b",
+        base_url=url + "/v1",
+        api_key="not-needed",
+        include_response_headers=True,
+        max_retries=0,
+    )
+    backend = LangChainBackend(model)
+    policy = BatchPolicy(rate_limit=RateLimitPolicy(), retry=PATIENT)
+    requests = [
+        ChatRequest(
+            model="emulated-llama-3-8b",
+            messages=[{"role": "user", "content": f"sibling {i}: " + "summarise this. " * 25}],
+            params={"max_tokens": MAX_TOKENS},
+        )
+        for i in range(SIBLINGS)
+    ]
+    async with Scheduler(backend, policy=policy, owns_backend=True) as scheduler:
+        responses = await asyncio.gather(*(scheduler.submit(r) for r in requests))
+    assert len(responses) == SIBLINGS
+    pacer = existing_pacer(backend.key)
+    assert pacer is not None
+    assert pacer.limits() == {"requests": 6000, "tokens": TPM}
+    async with httpx.AsyncClient() as client:
+        stats = (await client.get(url + "/emulator/stats")).json()
+    assert stats["rate_limited"] == 0
