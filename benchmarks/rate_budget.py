@@ -68,7 +68,7 @@ async def _run(url: str, policy: RateLimitPolicy, siblings: int, tpm: int, minut
         t0 = time.monotonic()
         out = await asyncio.gather(*(scheduler.submit(r) for r in requests))
         makespan = time.monotonic() - t0
-        retries = scheduler.stats().retries
+        stats_now = scheduler.stats()
     tokens = sum(r.usage.total_tokens for r in out if r.usage is not None)
     async with httpx.AsyncClient() as client:
         stats = (await client.get(url + "/emulator/stats")).json()
@@ -77,7 +77,9 @@ async def _run(url: str, policy: RateLimitPolicy, siblings: int, tpm: int, minut
         "makespan_s": round(makespan, 3),
         "tokens": tokens,
         "rate_limited": stats["rate_limited"],
-        "retries": retries,
+        "retries": stats_now.retries,
+        "rate_waits": stats_now.rate_waits,
+        "rate_wait_s": round(stats_now.rate_wait_s, 3),
         "bound_s": round(bound, 3),
         "bound_total_s": round(tokens / (tpm / minute_s), 3),
         "over_bound": round(makespan / bound, 3) if bound else None,

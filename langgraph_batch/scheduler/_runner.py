@@ -284,6 +284,8 @@ class Scheduler:
             warm_held_s=core.held_s,
             malformed_tool_calls=rec.malformed_tool_calls,
             decode_cap=core.decode_limit,
+            rate_waits=self._gate.waits,
+            rate_wait_s=self._gate.wait_s,
         )
 
     def __repr__(self) -> str:

@@ -76,6 +76,7 @@ async def _fan_out(url: str, rate_limit: RateLimitPolicy) -> dict[str, Any]:
         t0 = time.monotonic()
         responses = await asyncio.gather(*(scheduler.submit(r) for r in requests))
         makespan = time.monotonic() - t0
+        waits = scheduler.stats().rate_waits
     tokens = sum(r.usage.total_tokens for r in responses if r.usage is not None)
     async with httpx.AsyncClient() as client:
         stats = (await client.get(url + "/emulator/stats")).json()
@@ -83,6 +84,7 @@ async def _fan_out(url: str, rate_limit: RateLimitPolicy) -> dict[str, Any]:
         "makespan_s": makespan,
         "tokens": tokens,
         "rate_limited": stats["rate_limited"],
+        "rate_waits": waits,
         # The bound: the first full bucket goes at once, the rest at TPM per minute.
         "bound_s": max(0.0, tokens - TPM) / (TPM / MINUTE_S),
     }
@@ -97,11 +99,13 @@ async def test_without_a_budget_the_burst_draws_429s(url: str) -> None:
     run = await _fan_out(url, RateLimitPolicy(follow_headers=False, probe=False))
     assert run["tokens"] > 3 * TPM  # demand is several minutes' budget
     assert run["rate_limited"] > 0
+    assert run["rate_waits"] == 0
 
 
 async def test_a_stated_budget_sends_no_request_the_server_refuses(url: str) -> None:
     run = await _fan_out(url, RateLimitPolicy(tokens_per_min=TPM, minute_s=MINUTE_S))
     assert run["rate_limited"] == 0
+    assert run["rate_waits"] > 0
     assert run["makespan_s"] < 1.5 * run["bound_s"] + 0.5, run
 
 
