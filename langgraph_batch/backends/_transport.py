@@ -177,6 +177,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             `httpx.MockTransport`); admission and error mapping still apply.
         shard_factory: builds the transport of one shard from its limits
             (tests use it to observe sharding); default: an httpcore pool.
+        on_response: called with every request and its response as the headers arrive (the
+            rate budget reads its limit headers there); must not raise.
 
     Raises:
         ValueError: `shard_connections < 1`, `max_connections < 1` or a
@@ -193,6 +195,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         proxy: str | None = None,
         inner: httpx.AsyncBaseTransport | None = None,
         shard_factory: Callable[[httpx.Limits], httpx.AsyncBaseTransport] | None = None,
+        on_response: Callable[[httpx.Request, httpx.Response], None] | None = None,
     ) -> None:
         if not isinstance(shard_connections, int) or shard_connections < 1:
             raise ValueError(f"shard_connections must be an int >= 1, got {shard_connections!r}")
@@ -208,6 +211,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         self._proxy = httpcore.Proxy(proxy) if proxy else None
         self._inner = inner
         self._factory = shard_factory
+        self._on_response = on_response
         self._left = total
         self._keepalive_left = limits.max_keepalive_connections
         self._shards: list[Shard] = []
@@ -468,6 +472,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
                 if mapped is not None and mapped is not exc:
                     raise mapped from exc
             raise
+        if self._on_response is not None:
+            self._on_response(request, response)
         if response.is_closed:
             # A body already read into memory (httpx.MockTransport): nothing stays open.
             self._release(shard, pool, abnormal=False)

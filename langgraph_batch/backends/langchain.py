@@ -4,8 +4,10 @@ A team on a cloud model (`ChatAnthropic`, `ChatOpenAI` against the OpenAI
 API, `ChatOllama`, ...) gets the scheduler without an OpenAI-compatible
 server of its own: wrap the model, hand it to `BatchedChatModel(backend=...)`,
 and every call of every sibling goes through one scheduler, with its slots
-(`max_inflight`), priority, AIMD on 429, retries with `Retry-After`, failure
-isolation in `fan_out` and tool coalescing.
+(`max_inflight`), priority, AIMD on 429, retries with `Retry-After`, rate
+budgets (`BatchPolicy.rate_limit`; limits from `response_metadata["headers"]`
+when the model keeps them, as `ChatOpenAI(include_response_headers=True)`
+does), failure isolation in `fan_out` and tool coalescing.
 
 What the wrapped model cannot give is what needs the engine: no engine-side
 batching (list-prompt calls), no engine priority, no `/metrics` (so no KV-aware
@@ -40,6 +42,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import BaseModel, SecretBytes, SecretStr
 
 from langgraph_batch._loop import background_loop
+from langgraph_batch._rate_budget import observe_headers
 from langgraph_batch.backends._langchain_convert import (
     StreamedCalls,
     finish_reason,
@@ -496,6 +499,10 @@ class LangChainBackend(Backend):
         finish: str | None = None,
     ) -> ChatResponse:
         meta = message.response_metadata
+        # ChatOpenAI(include_response_headers=True) keeps the HTTP headers here:
+        # their rate limits feed the key's budget (ChatAnthropic keeps none).
+        headers = meta.get("headers")
+        observe_headers(self._key, headers if isinstance(headers, Mapping) else None)
         content: str | None = str(message.text) or None
         calls = tuple(message_tool_calls(message)) if tool_calls is None else tool_calls
         finish = finish or finish_reason(meta)

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from langgraph_batch._rate_budget import observe_response
 from langgraph_batch._redact import safe_url
 from langgraph_batch.backends._errormap import error_from_response
 from langgraph_batch.backends._errortext import summarize_body
@@ -76,12 +77,10 @@ logger = logging.getLogger(__name__)
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 
-# Stream events are UTF-8 by the SSE spec: decode and parse without json.loads'
-# encoding detection (a few microseconds per event).
+# SSE events are UTF-8: parse without json.loads' encoding detection (µs per event).
 _decode_json = json.JSONDecoder().decode
 
-# After [DONE], read what is left of the body for at most this long, so that
-# the connection goes back to the pool instead of being closed.
+# After [DONE], drain the body this long so the connection goes back to the pool.
 _DRAIN_S = 0.1
 
 
@@ -181,6 +180,7 @@ class OpenAICompatibleBackend(Backend):
             ssl_context=ssl_context,
             proxy=None if transport is not None else env_proxy(self.base_url),
             inner=transport,
+            on_response=lambda req, resp: observe_response(self.key, req, resp),
         )
         self._client = httpx.AsyncClient(
             transport=self._transport,

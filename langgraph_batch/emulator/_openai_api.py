@@ -18,6 +18,7 @@ from langgraph_batch.emulator._http import (
     salt_of,
     structured_of,
 )
+from langgraph_batch.emulator._ratelimit import Admission
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.engine import Request
 from langgraph_batch.emulator.protocol import (
@@ -70,6 +71,8 @@ async def chat(server: Serving, request: HTTPRequest) -> Response:
         if opts.fault == "bad_tool_args" and plan.tool_calls:
             plan = _corrupt_args(plan)
         rid = server.request_id(request, body)
+        headers = {"X-Request-Id": rid}
+        admission = server.admit(body, len(prompt_ids), headers)
         req = server.new_request(
             rid,
             prompt_ids,
@@ -80,18 +83,26 @@ async def chat(server: Serving, request: HTTPRequest) -> Response:
     except RequestError as exc:
         return exc.response()
     chat_id = f"chatcmpl-{rid}"
-    headers = {"X-Request-Id": rid}
     if body.get("stream"):
         stream_opts = body.get("stream_options") or {}
         include_usage = bool(stream_opts.get("include_usage"))
         return StreamingResponse(
-            _stream_chat(
-                server, chat_id, req, plan, opts, include_usage=include_usage, top_logprobs=top
+            _settled(
+                _stream_chat(
+                    server, chat_id, req, plan, opts, include_usage=include_usage, top_logprobs=top
+                ),
+                server,
+                admission,
+                req,
             ),
             media_type="text/event-stream",
             headers=headers,
         )
-    if not await server.run_to_end([req], request, opts):
+    try:
+        done = await server.run_to_end([req], request, opts)
+    finally:
+        server.settle(admission, req.num_output)
+    if not done:
         return Response(status_code=499)
     payload = _chat_json(server, chat_id, req, plan)
     if top is not None:
@@ -102,6 +113,17 @@ async def chat(server: Serving, request: HTTPRequest) -> Response:
         raw = json.dumps(payload).encode()
         return Response(raw[: len(raw) // 2], media_type="application/json", headers=headers)
     return JSONResponse(payload, headers=headers)
+
+
+async def _settled(
+    frames: AsyncIterator[bytes], server: Serving, admission: Admission | None, req: Request
+) -> AsyncIterator[bytes]:
+    """A stream that settles its rate-limit charge when it ends, however it ends."""
+    try:
+        async for frame in frames:
+            yield frame
+    finally:
+        server.settle(admission, req.num_output)
 
 
 def _top_logprobs(body: Mapping[str, Any]) -> int | None:
@@ -312,9 +334,15 @@ async def chat_batch(server: Serving, request: HTTPRequest) -> Response:
                     salt=salt_of(body),
                 )
             )
+        headers = {"X-Request-Id": rid}
+        admission = server.admit(body, sum(r.prompt_len for r in reqs), headers, requests=len(reqs))
     except RequestError as exc:
         return exc.response()
-    if not await server.run_to_end(reqs, request, opts):
+    try:
+        done = await server.run_to_end(reqs, request, opts)
+    finally:
+        server.settle(admission, sum(r.num_output for r in reqs))
+    if not done:
         return Response(status_code=499)
     choices = []
     for i, (req, plan) in enumerate(zip(reqs, plans, strict=True)):
@@ -337,7 +365,7 @@ async def chat_batch(server: Serving, request: HTTPRequest) -> Response:
                 details=server.config.prompt_tokens_details,
             ),
         },
-        headers={"X-Request-Id": rid},
+        headers=headers,
     )
 
 
@@ -371,9 +399,15 @@ async def completions(server: Serving, request: HTTPRequest) -> Response:
                     salt=salt_of(body),
                 )
             )
+        headers = {"X-Request-Id": rid}
+        admission = server.admit(body, sum(r.prompt_len for r in reqs), headers, requests=len(reqs))
     except RequestError as exc:
         return exc.response()
-    if not await server.run_to_end(reqs, request, opts):
+    try:
+        done = await server.run_to_end(reqs, request, opts)
+    finally:
+        server.settle(admission, sum(r.num_output for r in reqs))
+    if not done:
         return Response(status_code=499)
     choices = [
         {
@@ -406,7 +440,7 @@ async def completions(server: Serving, request: HTTPRequest) -> Response:
             "service_tier": None,
             "kv_transfer_params": None,
         },
-        headers={"X-Request-Id": rid},
+        headers=headers,
     )
 
 

@@ -15,12 +15,19 @@ import random
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from starlette.requests import Request as HTTPRequest
 
 from langgraph_batch.emulator._hints import AgentHints
 from langgraph_batch.emulator._http import RequestError, RequestOptions, Watch
+from langgraph_batch.emulator._ratelimit import (
+    Admission,
+    RateLimited,
+    RateLimiter,
+    anthropic_headers,
+    openai_headers,
+)
 from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
 from langgraph_batch.emulator.driver import RealTimeDriver
@@ -67,6 +74,61 @@ class Serving:
         self.driver = RealTimeDriver(self.engine, time_scale=config.time_scale)
         self._fault_rng = random.Random(config.seed)
         self.hints = AgentHints(accept=config.agentic_context)
+        limiter = RateLimiter(
+            requests_per_min=config.rate_limit_rpm,
+            tokens_per_min=config.rate_limit_tpm,
+            input_tokens_per_min=config.rate_limit_itpm,
+            output_tokens_per_min=config.rate_limit_otpm,
+            minute_s=60.0 / config.time_scale,
+        )
+        self.rate_limits = limiter if limiter.active else None
+        """The provider-style limits (`--rate-limit-*`), None when none is set."""
+        self.rate_limited = 0
+        """Requests refused with 429 by `rate_limits` (`/emulator/stats`)."""
+
+    # -- rate limits (OpenAI's headers; the Anthropic route writes its own) -----
+
+    def admit(
+        self,
+        body: Mapping[str, Any],
+        input_tokens: int,
+        headers: dict[str, str],
+        *,
+        requests: int = 1,
+        style: Literal["openai", "anthropic"] = "openai",
+    ) -> Admission | None:
+        """Charge a request to the rate limits and add their headers to `headers`.
+
+        Output is charged at the body's `max_tokens` (or `max_completion_tokens`;
+        0 when absent; per prompt for a batch of `requests` prompts) and settled
+        by `settle` when the request ends. `style` picks the headers' spelling
+        (`anthropic` for a Messages route).
+
+        Raises:
+            RequestError: a 429 with the limit headers and `retry-after`.
+        """
+        limiter = self.rate_limits
+        if limiter is None:
+            return None
+        write = anthropic_headers if style == "anthropic" else openai_headers
+        raw = body.get("max_completion_tokens", body.get("max_tokens"))
+        output = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 0
+        try:
+            admission = limiter.admit(
+                input_tokens=input_tokens, output_tokens=output * requests, requests=requests
+            )
+        except RateLimited as exc:
+            self.rate_limited += 1
+            err = RequestError(str(exc), status=429, err_type="RateLimitError")
+            err.headers.update(write(limiter.snapshot(), retry_after_s=exc.retry_after_s))
+            raise err from None
+        headers.update(write(limiter.snapshot()))
+        return admission
+
+    def settle(self, admission: Admission | None, output_tokens: int) -> None:
+        """Charge the output a request really generated (see `admit`)."""
+        if admission is not None and self.rate_limits is not None:
+            self.rate_limits.settle(admission, output_tokens=output_tokens)
 
     # -- parsing -------------------------------------------------------------
 

@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.batch_delay_s,
         help="provider batch APIs: seconds a batch waits before its items run",
     )
+    for name, what in (("rpm", "requests"), ("tpm", "input + output tokens"),
+                       ("itpm", "input tokens"), ("otpm", "output tokens")):  # fmt: skip
+        p.add_argument(f"--rate-limit-{name}", type=int, default=None,
+                       help=f"{what} per minute before a 429 (60 / time-scale wall s)")  # fmt: skip
     p.add_argument("--agentic-context", action=argparse.BooleanOptionalAction,
                    default=d.agentic_context,
                    help="accept vllm-router's vllm_xargs.agentic_context hints")  # fmt: skip
@@ -119,6 +123,10 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         retry_after_s=args.retry_after_s,
         batch_delay_s=args.batch_delay_s,
         agentic_context=args.agentic_context,
+        rate_limit_rpm=args.rate_limit_rpm,
+        rate_limit_tpm=args.rate_limit_tpm,
+        rate_limit_itpm=args.rate_limit_itpm,
+        rate_limit_otpm=args.rate_limit_otpm,
         log_level=args.log_level,
     )
 

@@ -84,6 +84,17 @@ class EmulatorConfig:
     batch_delay_s: float = 1.0
     """Provider batch APIs (`/v1/batches`, `/v1/messages/batches`): wall seconds a batch
     waits before its items run (a batch finishes after this delay plus their run)."""
+    rate_limit_rpm: int | None = None
+    """Requests per minute before a 429 (None: unlimited). Every response then
+    carries the provider's limit headers (`emulator._ratelimit`); the minute is
+    `60 / time_scale` wall seconds."""
+    rate_limit_tpm: int | None = None
+    """Input + output tokens per minute (OpenAI's TPM; output counted at
+    `max_tokens` on admission, settled at the end)."""
+    rate_limit_itpm: int | None = None
+    """Input tokens per minute (Anthropic's ITPM)."""
+    rate_limit_otpm: int | None = None
+    """Output tokens per minute (Anthropic's OTPM)."""
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -127,6 +138,10 @@ class EmulatorConfig:
             raise ValueError(f"batch_delay_s must be >= 0, got {self.batch_delay_s}")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
+        for name in ("rate_limit_rpm", "rate_limit_tpm", "rate_limit_itpm", "rate_limit_otpm"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
         bad = [f for f in self.faults if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
@@ -184,6 +199,11 @@ class EmulatorConfig:
             argv.append(f"--kv-offloading-size={self.kv_offloading_size!r}")
         if self.kv_offload_tokens is not None:
             argv.append(f"--kv-offload-tokens={self.kv_offload_tokens}")
+        argv.extend(
+            f"--{name.replace('_', '-')}={getattr(self, name)}"
+            for name in ("rate_limit_rpm", "rate_limit_tpm", "rate_limit_itpm", "rate_limit_otpm")
+            if getattr(self, name) is not None
+        )
         if self.agentic_context:
             argv.append("--agentic-context")
         if self.repeat_tool_args:

@@ -252,6 +252,7 @@ def stats_dict(server: Serving) -> dict[str, Any]:
         "kv_capacity_tokens": eng.kv_capacity_tokens,
         "lag_s": drv.lag_s,
         "max_lag_s": drv.max_lag_s,
+        "rate_limited": server.rate_limited,
         "late_steps": drv.late_steps,
         "max_wake_late_s": drv.max_wake_late_s,
         "max_work_s": drv.max_work_s,

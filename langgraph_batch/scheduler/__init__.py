@@ -11,6 +11,7 @@ async with Scheduler(backend, policy=BatchPolicy(inflight_limit=64), name="main"
 
 from __future__ import annotations
 
+from langgraph_batch._rate_budget import RateLimitPolicy
 from langgraph_batch._retry_policy import RetryPolicy
 from langgraph_batch.scheduler._capacity import KVLedger
 from langgraph_batch.scheduler._config import BatchPolicy
@@ -32,6 +33,7 @@ from langgraph_batch.scheduler.registry import (
 __all__ = (
     "BatchPolicy",
     "KVLedger",
+    "RateLimitPolicy",
     "RetryPolicy",
     "Scheduler",
     "SchedulerState",

@@ -28,6 +28,7 @@ from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatR
 from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError
 from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
+from langgraph_batch.scheduler._pacing import RateGate
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._retry import log_failure, log_retry, outcome_of
 from langgraph_batch.scheduler._state import Lifecycle
@@ -46,6 +47,7 @@ class RequestAttempts:
         stats: the scheduler's counters.
         life: the scheduler's lifecycle.
         dispatch: the dispatch loop (woken when a slot may be granted; takes slots back).
+        gate: the rate budget each attempt waits for before its slot (None: none).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class RequestAttempts:
         stats: StatsRecorder,
         life: Lifecycle,
         dispatch: DispatchLoop,
+        gate: RateGate | None = None,
     ) -> None:
         self._backend = backend
         self._policy = policy
@@ -64,6 +67,7 @@ class RequestAttempts:
         self._stats = stats
         self._life = life
         self._dispatch = dispatch
+        self._gate = gate
         self._rng = random.Random()
 
     async def run_item(
@@ -126,8 +130,12 @@ class RequestAttempts:
         delivery = Delivery()
         cb = delivery.wrap(on_chunk) if on_chunk is not None and request.stream else on_chunk
         attempt = 0
+        gate = self._gate
         while True:
+            ticket = None
             try:
+                if gate is not None:
+                    ticket = await gate.wait(request)
                 now = clock()
                 if core.try_acquire(item, now):
                     resp = await self._call(item, request, cb)
@@ -144,9 +152,13 @@ class RequestAttempts:
                         self._abandon(item)
                         raise
                     resp = res if res is not None else await self._call(item, request, cb)
+                if gate is not None:
+                    gate.done(ticket, resp, None)
                 if check is not None:
                     check(resp)
             except Exception as exc:
+                if gate is not None:
+                    gate.done(ticket, None, exc)
                 if isinstance(exc, MalformedToolCallError):
                     self._stats.malformed_tool_calls += 1
                 if not self._life.opened or not retry.should_retry(
@@ -183,6 +195,10 @@ class RequestAttempts:
                     self._stats.record_failure(refusal)
                     raise refusal from exc
                 continue
+            except BaseException as exc:  # cancelled: its booking stays spent
+                if gate is not None:
+                    gate.done(ticket, None, exc)
+                raise
             self._stats.record_success(
                 queue_wait=item.queued_s, latency=clock() - t0, usage=resp.usage
             )

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from typing_extensions import deprecated
 
 from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR
+from langgraph_batch._rate_budget import RateLimitPolicy
 from langgraph_batch._retry_policy import RetryPolicy
 
 __all__ = ("BatchPolicy", "PrefixWarming", "PriorityMode")
@@ -226,6 +227,15 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
     conversation, or streamed); one-shot requests (single-turn, tool-free, not
     streamed: what `abatch` sends) are only held by the in-flight limit. Only
     with `adaptive`."""
+    rate_limit: RateLimitPolicy | None = None
+    """A per-minute budget of requests and tokens, shared by every scheduler on
+    the same endpoint and credentials (`RateLimitPolicy`): requests wait for
+    budget before they are sent, instead of drawing 429s. None: follow the
+    server's rate-limit headers when it sends them (OpenAI's `x-ratelimit-*`,
+    Anthropic's `anthropic-ratelimit-*`), without holding a first burst.
+
+    !!! version-added "Added in version 0.2.0"
+    """
     decode_elasticity: float = 0.25
     """How much throughput a larger decode cap must buy: a step up is taken
     only when throughput grows at least this many times as fast as
@@ -285,6 +295,8 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
             )
         if not self.warm_ttl_s > 0:
             raise ValueError(f"warm_ttl_s={self.warm_ttl_s!r} must be > 0")
+        if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimitPolicy):
+            raise ValueError(f"rate_limit={self.rate_limit!r} must be a RateLimitPolicy or None")
         if not 0 < self.decode_elasticity < 1:
             raise ValueError(f"decode_elasticity={self.decode_elasticity!r} must be in (0, 1)")
 
@@ -372,6 +384,8 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
                     f"unknown RetryPolicy field(s) {unknown}; known fields: {sorted(retry_known)}"
                 )
             config = {**config, "retry": RetryPolicy(**retry)}
+        if isinstance(config.get("rate_limit"), dict):
+            config = {**config, "rate_limit": RateLimitPolicy(**config["rate_limit"])}
         return cls(**config)
 
 

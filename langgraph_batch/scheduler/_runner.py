@@ -49,6 +49,7 @@ from typing import Any, Self
 
 from langgraph_batch import _tracing
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch._rate_budget import pacer_for
 from langgraph_batch.backends.base import (
     Backend,
     ChatChunk,
@@ -62,6 +63,7 @@ from langgraph_batch.scheduler._attempt import RequestAttempts
 from langgraph_batch.scheduler._capacity import KVLedger, read_kv_capacity, read_kv_tiers
 from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import PolicyItem
+from langgraph_batch.scheduler._pacing import RateGate
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
 from langgraph_batch.scheduler._priority import conversation_of, engine_priority
@@ -143,6 +145,10 @@ class Scheduler:
             stats=self._stats,
             life=self._life,
         )
+        # One rate budget per endpoint and credentials, shared by every scheduler on them.
+        pacer = pacer_for(backend.key)
+        pacer.configure(self._policy.rate_limit, time.monotonic())
+        self._gate = RateGate(pacer)
         self._attempts = RequestAttempts(
             backend=backend,
             policy=self._policy,
@@ -150,6 +156,7 @@ class Scheduler:
             stats=self._stats,
             life=self._life,
             dispatch=self._dispatch,
+            gate=self._gate,
         )
         self._priority_to_engine = caps.priority
         self._orders_by_recency = self._policy.priority == "depth_first"
@@ -277,6 +284,8 @@ class Scheduler:
             warm_held_s=core.held_s,
             malformed_tool_calls=rec.malformed_tool_calls,
             decode_cap=core.decode_limit,
+            rate_waits=self._gate.waits,
+            rate_wait_s=self._gate.wait_s,
         )
 
     def __repr__(self) -> str:

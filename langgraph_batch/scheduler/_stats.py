@@ -86,6 +86,10 @@ class SchedulerStats:
     decode_cap: int | None = None
     """Agent requests the decode cap lets decode at once now, learned from the
     engine's metrics (None: not capping; see `BatchPolicy.decode_cap`)."""
+    rate_waits: int = 0
+    """Attempts that waited for rate budget (`BatchPolicy.rate_limit`)."""
+    rate_wait_s: float = 0.0
+    """Seconds attempts waited for rate budget, summed."""
 
     @property
     def max_inflight(self) -> int:

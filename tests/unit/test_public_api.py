@@ -84,6 +84,7 @@ def test_subpackages_export_their_pieces() -> None:
     assert set(scheduler.__all__) == {
         "BatchPolicy",
         "KVLedger",
+        "RateLimitPolicy",
         "RetryPolicy",
         "Scheduler",
         "SchedulerState",

@@ -1,0 +1,321 @@
+"""Rate budgets: the header parser, the pure pacer (explicit `now`), the policy and the gate."""
+
+from __future__ import annotations
+
+import pytest
+
+from langgraph_batch._rate_budget import (
+    RateLimitPolicy,
+    RatePacer,
+    existing_pacer,
+    forget_pacers,
+    observe_headers,
+    pacer_for,
+    request_costs,
+)
+from langgraph_batch._rate_headers import (
+    RateReading,
+    has_rate_headers,
+    parse_go_duration,
+    parse_rate_headers,
+)
+from langgraph_batch.scheduler import BatchPolicy
+
+# ----------------------------------------------------------------------------- headers
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("6m0s", 360.0), ("1s", 1.0), ("20ms", 0.02), ("1m26.4s", 86.4), ("0s", 0.0), ("2h", 7200.0)],
+)
+def test_go_durations_are_read(text: str, seconds: float) -> None:
+    assert parse_go_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5", "1x", "s1", "1s junk"])
+def test_what_is_not_a_go_duration_is_none(text: str) -> None:
+    assert parse_go_duration(text) is None
+
+
+def test_openai_headers_are_read_in_any_case() -> None:
+    headers = {
+        "X-RateLimit-Limit-Requests": "60",
+        "X-RateLimit-Remaining-Requests": "59",
+        "X-RateLimit-Reset-Requests": "1s",
+        "x-ratelimit-limit-tokens": "150000",
+        "x-ratelimit-remaining-tokens": "149984",
+        "x-ratelimit-reset-tokens": "6m0s",
+    }
+    assert has_rate_headers(headers)
+    readings = parse_rate_headers(headers)
+    assert readings == {
+        "requests": RateReading(60, 59, 1.0),
+        "tokens": RateReading(150_000, 149_984, 360.0),
+    }
+
+
+def test_anthropic_headers_are_read_against_the_wall_clock() -> None:
+    headers = {
+        "anthropic-ratelimit-requests-limit": "50",
+        "anthropic-ratelimit-requests-remaining": "49",
+        "anthropic-ratelimit-requests-reset": "2025-10-25T12:00:01Z",
+        "anthropic-ratelimit-input-tokens-limit": "40000",
+        "anthropic-ratelimit-input-tokens-remaining": "39000",
+        "anthropic-ratelimit-input-tokens-reset": "2025-10-25T12:00:01.500Z",
+        "anthropic-ratelimit-output-tokens-limit": "8000",
+        "anthropic-ratelimit-output-tokens-remaining": "8000",
+        "anthropic-ratelimit-output-tokens-reset": "2025-10-25T12:00:00Z",
+        "anthropic-ratelimit-tokens-limit": "8000",
+        "anthropic-ratelimit-tokens-remaining": "8000",
+    }
+    from datetime import UTC, datetime
+
+    wall = datetime(2025, 10, 25, 12, 0, 0, tzinfo=UTC).timestamp()
+    readings = parse_rate_headers(headers, wall_now=wall)
+    assert set(readings) == {"requests", "input_tokens", "output_tokens"}  # tokens: the tightest
+    assert readings["requests"].reset_s == 1.0
+    assert readings["input_tokens"].reset_s == 1.5
+    assert readings["output_tokens"].reset_s == 0.0
+    # Only the combined spelling: it is read as `tokens`.
+    only = {"anthropic-ratelimit-tokens-limit": "100", "anthropic-ratelimit-tokens-remaining": "7"}
+    assert parse_rate_headers(only)["tokens"] == RateReading(100, 7, None)
+
+
+def test_malformed_headers_are_skipped_never_raised() -> None:
+    headers = {
+        "x-ratelimit-limit-requests": "lots",
+        "x-ratelimit-remaining-requests": "1",
+        "x-ratelimit-limit-tokens": "100",
+        "x-ratelimit-remaining-tokens": "500",  # more than the limit: clamped
+        "x-ratelimit-reset-tokens": "later",
+        "anthropic-ratelimit-requests-limit": "5",
+        "anthropic-ratelimit-requests-remaining": "-1",
+        "anthropic-ratelimit-input-tokens-limit": "5",
+        "anthropic-ratelimit-input-tokens-remaining": "5",
+        "anthropic-ratelimit-input-tokens-reset": "yesterday-ish",
+    }
+    readings = parse_rate_headers(headers)
+    assert readings["tokens"] == RateReading(100, 100, None)
+    assert "requests" not in readings
+    assert readings["input_tokens"].reset_s is None
+    assert not has_rate_headers({"content-type": "application/json"})
+
+
+# ----------------------------------------------------------------------------- the pacer
+
+
+def _pacer(**policy: float | bool) -> RatePacer:
+    pacer = RatePacer("test")
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0, **policy), now=0.0)  # type: ignore[arg-type]
+    return pacer
+
+
+def test_a_burst_goes_out_spaced_at_the_refill_rate_in_the_order_it_asked() -> None:
+    pacer = _pacer(requests_per_min=60)
+    delays = [pacer.reserve({"requests": 1.0}, now=0.0)[1] for _ in range(63)]
+    assert delays[:60] == [0.0] * 60  # the full bucket at once
+    assert delays[60:] == pytest.approx([1.0, 2.0, 3.0])  # then one a second
+
+
+def test_every_dimension_must_pay_and_the_slowest_decides() -> None:
+    pacer = _pacer(requests_per_min=600, tokens_per_min=1200)
+    costs = {"requests": 1.0, "tokens": 600.0, "input_tokens": 500.0}
+    assert pacer.reserve(costs, now=0.0)[1] == 0.0
+    assert pacer.reserve(costs, now=0.0)[1] == 0.0
+    assert pacer.reserve(costs, now=0.0)[1] == pytest.approx(30.0)  # 600 tokens at 20/s
+    assert set(pacer.limits()) == {"requests", "tokens"}
+
+
+def test_a_request_larger_than_the_bucket_waits_for_a_full_bucket() -> None:
+    pacer = _pacer(tokens_per_min=100)
+    pacer.reserve({"tokens": 100.0}, now=0.0)
+    assert pacer.reserve({"tokens": 500.0}, now=0.0)[1] == pytest.approx(60.0)
+
+
+def test_released_bookings_come_back_and_settled_ones_are_corrected() -> None:
+    pacer = _pacer(tokens_per_min=60)
+    ticket, _ = pacer.reserve({"tokens": 60.0, "input_tokens": 40.0}, now=0.0)
+    assert ticket is not None
+    pacer.release(ticket, now=0.0)  # a 429: the server charged nothing
+    pacer.release(ticket, now=0.0)  # once only
+    ticket, delay = pacer.reserve({"tokens": 60.0}, now=0.0)
+    assert delay == 0.0
+    assert ticket is not None
+    pacer.settle(ticket, {"tokens": 30.0}, now=0.0)  # used half: half comes back
+    assert pacer.reserve({"tokens": 30.0}, now=0.0)[1] == 0.0
+    assert pacer.reserve({"tokens": 1.0}, now=0.0)[1] == pytest.approx(1.0)
+
+
+def test_input_estimates_are_calibrated_on_what_the_server_counted() -> None:
+    pacer = _pacer(input_tokens_per_min=6000)
+    costs = {"requests": 1.0, "input_tokens": 100.0, "output_tokens": 10.0, "tokens": 110.0}
+    ticket, _ = pacer.reserve(costs, now=0.0)
+    assert ticket is not None
+    assert pacer.input_scale() == 1.0
+    pacer.settle(ticket, {"input_tokens": 60.0, "output_tokens": 10.0}, now=0.0)
+    assert pacer.input_scale() == pytest.approx(0.6)
+    ticket, _ = pacer.reserve(costs, now=0.0)
+    assert ticket is not None
+    assert ticket.costs == {"input_tokens": pytest.approx(60.0)}
+    pacer.settle(ticket, {"input_tokens": 300.0}, now=0.0)  # never above the generous estimate
+    assert pacer.input_scale() == 1.0
+    ticket, _ = pacer.reserve(costs, now=0.0)
+    assert ticket is not None
+    pacer.settle(ticket, None, now=0.0)  # no usage: the booking stands, nothing learned
+    assert pacer.input_scale() == 1.0
+    ticket, _ = pacer.reserve(costs, now=0.0)
+    assert ticket is not None
+    pacer.settle(ticket, {"input_tokens": 10.0}, now=0.0, calibrate=False)  # a batch's share
+    assert pacer.input_scale() == 1.0
+
+
+def test_calibration_is_kept_per_number_of_messages() -> None:
+    pacer = _pacer(input_tokens_per_min=6000)
+    one, _ = pacer.reserve({"input_tokens": 100.0}, now=0.0, shape=1)
+    three, _ = pacer.reserve({"input_tokens": 100.0}, now=0.0, shape=3)
+    assert one is not None
+    assert three is not None
+    pacer.settle(one, {"input_tokens": 70.0}, now=0.0)
+    assert pacer.input_scale(3) == pytest.approx(0.7)  # none of its own yet: any shape's
+    pacer.settle(three, {"input_tokens": 90.0}, now=0.0)
+    assert pacer.input_scale(1) == pytest.approx(0.7)
+    assert pacer.input_scale(3) == pytest.approx(0.9)
+    assert pacer.input_scale(5) == pytest.approx(0.9)  # unseen: the most generous seen
+
+
+def test_every_learned_limit_shares_the_minute_the_busiest_one_shows() -> None:
+    pacer = RatePacer("minute")
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0), now=0.0)
+    # Tokens show a 2 s minute (300 of 1500 used, full in 0.4 s); requests, barely
+    # used, say nothing about it but refill over the same minute.
+    pacer.observe(
+        {"tokens": RateReading(1500, 1200, 0.4), "requests": RateReading(6000, 5999, 0.0003)},
+        now=0.0,
+    )
+    for _ in range(5999):
+        pacer.reserve({"requests": 1.0}, now=0.0)
+    assert pacer.reserve({"requests": 1.0}, now=0.0)[1] == pytest.approx(2.0 / 6000)
+
+
+def test_the_headers_teach_limits_and_the_minute_and_lower_what_is_left() -> None:
+    pacer = RatePacer("learn")
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0), now=0.0)
+    assert pacer.idle
+    # 1500 tokens a "minute" of 2 s: 300 used, full again in 0.4 s.
+    pacer.observe({"tokens": RateReading(1500, 1200, 0.4)}, now=0.0)
+    assert not pacer.idle
+    assert pacer.paces_tokens
+    assert pacer.limits() == {"tokens": 1500}
+    assert pacer.reserve({"tokens": 1200.0}, now=0.0)[1] == 0.0
+    assert pacer.reserve({"tokens": 75.0}, now=0.0)[1] == pytest.approx(0.1)  # 750 per second
+    # A reading never raises the bucket (it misses requests still on their way) ...
+    pacer.observe({"tokens": RateReading(1500, 1500, None)}, now=0.1)
+    assert pacer.reserve({"tokens": 1.0}, now=0.1)[1] > 0
+    # ... but lowers it to what the server has left.
+    pacer.observe({"tokens": RateReading(1500, 0, 2.0)}, now=10.0)
+    assert pacer.reserve({"tokens": 150.0}, now=10.0)[1] == pytest.approx(0.2)
+
+
+def test_a_reading_counts_bookings_not_yet_sent() -> None:
+    pacer = RatePacer("unsent")
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0, tokens_per_min=60), now=0.0)
+    pacer.reserve({"tokens": 60.0}, now=0.0)  # sent now
+    future, delay = pacer.reserve({"tokens": 30.0}, now=0.0)  # goes at 30 s
+    assert future is not None
+    assert delay == pytest.approx(30.0)
+    pacer.observe({"tokens": RateReading(60, 0, 60.0)}, now=0.0)
+    assert pacer.reserve({"tokens": 1.0}, now=0.0)[1] == pytest.approx(31.0)
+
+
+def test_explicit_limits_are_kept_and_only_lowered() -> None:
+    pacer = RatePacer("explicit")
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0, tokens_per_min=600), now=0.0)
+    pacer.observe({"tokens": RateReading(100_000, 100_000, None)}, now=0.0)
+    assert pacer.limits() == {"tokens": 600}
+    pacer.configure(RateLimitPolicy(probe=False, tokens_per_min=6000), now=0.0)  # higher: ignored
+    assert pacer.limits() == {"tokens": 600}
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0, tokens_per_min=60), now=0.0)
+    assert pacer.limits() == {"tokens": 60}
+
+
+def test_the_probe_holds_the_burst_until_the_first_answer() -> None:
+    pacer = RatePacer("probe")
+    pacer.configure(RateLimitPolicy(), now=0.0)
+    assert pacer.paces_tokens
+    probe, delay = pacer.reserve({"requests": 1.0}, now=0.0)
+    assert probe is not None
+    assert probe.probe
+    assert delay == 0.0
+    held, retry = pacer.reserve({"requests": 1.0}, now=0.0)
+    assert held is None
+    assert retry > 0
+    pacer.release(probe, now=0.01)  # refused: the next request probes again
+    probe, _ = pacer.reserve({"requests": 1.0}, now=0.01)
+    assert probe is not None
+    assert probe.probe
+    pacer.observe({}, now=0.02)  # answered without headers: nothing to pace
+    assert pacer.idle
+    ticket, delay = pacer.reserve({"requests": 1.0}, now=0.02)
+    assert ticket is not None
+    assert delay == 0.0
+
+
+def test_a_budget_that_ignores_headers_and_has_no_limits_is_idle() -> None:
+    pacer = RatePacer("off")
+    pacer.configure(RateLimitPolicy(follow_headers=False), now=0.0)
+    pacer.observe({"tokens": RateReading(10, 0, 1.0)}, now=0.0)
+    assert pacer.idle
+
+
+def test_pacers_are_shared_by_key_and_never_across_keys() -> None:
+    forget_pacers()
+    a = pacer_for("OpenAICompatibleBackend:https://api.example#aaaa")
+    assert pacer_for("OpenAICompatibleBackend:https://api.example#aaaa") is a
+    b = pacer_for("OpenAICompatibleBackend:https://api.example#bbbb")
+    assert b is not a
+    assert "api.example" not in repr(a)  # a digest, never the key
+    assert existing_pacer("never-made") is None
+    observe_headers("never-made", {"x-ratelimit-limit-requests": "1"})  # no pacer: ignored
+    observe_headers(
+        "OpenAICompatibleBackend:https://api.example#aaaa",
+        {"x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "9"},
+    )
+    assert a.limits() == {"requests": 10}
+    assert b.limits() == {}
+    forget_pacers()
+
+
+def test_request_costs_estimate_generously_and_book_max_tokens() -> None:
+    messages = [{"role": "user", "content": "x" * 400}]
+    costs = request_costs(messages, None, {"max_tokens": 32}, output_prior=256)
+    assert costs["requests"] == 1
+    assert costs["input_tokens"] >= 100  # 400 characters: about 100 tokens, generously
+    assert costs["output_tokens"] == 32
+    assert costs["tokens"] == costs["input_tokens"] + 32
+    assert request_costs(messages, None, {}, output_prior=256)["output_tokens"] == 256
+    with_tools = request_costs(messages, [{"name": "t" * 300}], {}, output_prior=0)
+    assert with_tools["input_tokens"] > costs["input_tokens"]
+    odd = request_costs([{"content": object()}], None, {"max_completion_tokens": 5}, output_prior=0)
+    assert odd["output_tokens"] == 5
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+def test_the_policy_validates_and_rides_in_batch_policy() -> None:
+    budget = RateLimitPolicy(requests_per_min=500, input_tokens_per_min=30_000)
+    assert budget.limits_given() == ["requests_per_min", "input_tokens_per_min"]
+    assert BatchPolicy(rate_limit=budget).rate_limit is budget
+    assert BatchPolicy().rate_limit is None
+    loaded = BatchPolicy.from_dict({"rate_limit": {"tokens_per_min": 1000, "minute_s": 2.0}})
+    assert loaded.rate_limit == RateLimitPolicy(tokens_per_min=1000, minute_s=2.0)
+    with pytest.raises(ValueError, match="tokens_per_min=0"):
+        RateLimitPolicy(tokens_per_min=0)
+    with pytest.raises(ValueError, match="minute_s"):
+        RateLimitPolicy(minute_s=0)
+    with pytest.raises(ValueError, match="headroom"):
+        RateLimitPolicy(headroom=1.5)
+    with pytest.raises(ValueError, match="output_tokens_prior"):
+        RateLimitPolicy(output_tokens_prior=-1)
+    with pytest.raises(ValueError, match="must be a RateLimitPolicy"):
+        BatchPolicy(rate_limit={"tokens_per_min": 5})  # type: ignore[arg-type]
