@@ -21,6 +21,7 @@ from starlette.requests import Request as HTTPRequest
 
 from langgraph_batch.emulator._hints import AgentHints
 from langgraph_batch.emulator._http import RequestError, RequestOptions, Watch
+from langgraph_batch.emulator._openai_cache import OpenAIPromptCache
 from langgraph_batch.emulator.config import FAULTS, EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
 from langgraph_batch.emulator.driver import RealTimeDriver
@@ -67,6 +68,9 @@ class Serving:
         self.driver = RealTimeDriver(self.engine, time_scale=config.time_scale)
         self._fault_rng = random.Random(config.seed)
         self.hints = AgentHints(accept=config.agentic_context)
+        hosted_openai = config.hosted == "openai"
+        self.openai_cache = OpenAIPromptCache(seed=config.seed) if hosted_openai else None
+        """OpenAI's prompt-caching rules for `cached_tokens` (`hosted="openai"`), else None."""
 
     # -- parsing -------------------------------------------------------------
 

@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agentic-context", action=argparse.BooleanOptionalAction,
                    default=d.agentic_context,
                    help="accept vllm-router's vllm_xargs.agentic_context hints")  # fmt: skip
+    p.add_argument("--hosted", default=None, choices=["anthropic", "openai"],
+                   help="a hosted API's prompt caching (anthropic: also /v1/messages)")  # fmt: skip
     p.add_argument("--log-level", default=d.log_level,
                    choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
     return p
@@ -112,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         slow_first_token_s=args.slow_first_token_s,
         retry_after_s=args.retry_after_s,
         agentic_context=args.agentic_context,
+        hosted=args.hosted,
         log_level=args.log_level,
     )
 

@@ -81,6 +81,11 @@ class EmulatorConfig:
     """vLLM flavour: accept vllm-router's `vllm_xargs.agentic_context` program hints, as
     an agent-aware engine (AgentInfer's) does, and report them in `/emulator/stats`.
     Off (stock vLLM): `vllm_xargs` takes only string/number values, the object is a 400."""
+    hosted: Literal["anthropic", "openai"] | None = None
+    """A hosted API's prompt caching instead of the engine's (docs/hosted-apis.md):
+    "anthropic" also serves `POST /v1/messages` with Anthropic's cache rules and
+    latency model; "openai" reports `cached_tokens` on chat completions by
+    OpenAI's rules (`prompt_cache_key`, `prompt_cache_retention`). None: off."""
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -122,6 +127,8 @@ class EmulatorConfig:
             )
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
+        if self.hosted not in (None, "anthropic", "openai"):
+            raise ValueError(f"hosted must be 'anthropic', 'openai' or None, got {self.hosted!r}")
         bad = [f for f in self.faults if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
@@ -180,6 +187,8 @@ class EmulatorConfig:
             argv.append(f"--kv-offload-tokens={self.kv_offload_tokens}")
         if self.agentic_context:
             argv.append("--agentic-context")
+        if self.hosted is not None:
+            argv.append(f"--hosted={self.hosted}")
         if self.repeat_tool_args:
             argv.append("--repeat-tool-args")
         if not self.enable_prefix_caching:

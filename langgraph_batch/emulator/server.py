@@ -31,7 +31,7 @@ try:
 except ImportError:  # the optional `emulator` extra
     raise missing_extra("emulator", "the emulator needs starlette and uvicorn") from None
 
-from langgraph_batch.emulator import _openai_api, sglang
+from langgraph_batch.emulator import _anthropic_api, _openai_api, sglang
 from langgraph_batch.emulator._http import RequestError
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.config import EmulatorConfig
@@ -93,6 +93,11 @@ class EmulatorServer:
                 Route("/is_paused", self.is_paused, methods=["GET"]),
                 Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
             ]
+        self.anthropic: _anthropic_api.AnthropicFlavor | None = None
+        """The hosted Anthropic flavour (`config.hosted == "anthropic"`), else None."""
+        if config.hosted == "anthropic":
+            self.anthropic = _anthropic_api.AnthropicFlavor(serving=self.serving)
+            routes += _anthropic_api.routes(self.anthropic)
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
     @property
@@ -173,8 +178,12 @@ class EmulatorServer:
             self.engine.reset_prefix_cache()
             self.hints.reset()
             self.driver.reset_lag()
+            if self.serving.openai_cache is not None:
+                self.serving.openai_cache.clear()
 
         await self.driver.call(reset)
+        if self.anthropic is not None:
+            self.anthropic.reset()
         return JSONResponse({"ok": True})
 
     async def pause(self, request: HTTPRequest) -> Response:
