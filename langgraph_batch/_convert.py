@@ -414,8 +414,21 @@ def usage_to_metadata(usage: Usage) -> UsageMetadata:
         output_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
     )
+    details = InputTokenDetails()
     if usage.cached_tokens is not None:
-        metadata["input_token_details"] = InputTokenDetails(cache_read=usage.cached_tokens)
+        details["cache_read"] = usage.cached_tokens
+    if usage.cache_creation_tokens is not None:
+        details["cache_creation"] = usage.cache_creation_tokens
+    if usage.cache_creation_1h_tokens is not None:
+        # Anthropic's TTL split of `cache_creation` (as langchain-anthropic names it).
+        split: dict[str, int] = {
+            "ephemeral_1h_input_tokens": usage.cache_creation_1h_tokens,
+            "ephemeral_5m_input_tokens": (usage.cache_creation_tokens or 0)
+            - usage.cache_creation_1h_tokens,
+        }
+        details.update(split)  # type: ignore[typeddict-item]
+    if details:
+        metadata["input_token_details"] = details
     return metadata
 
 
