@@ -155,6 +155,25 @@ def _as_blocks(content: Any, what: str) -> list[Mapping[str, Any]]:
     raise RequestError(f"{what}: content must be a string or a list of content blocks")
 
 
+def _canonical(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A message block as the cache compares it.
+
+    No `cache_control`, and a tool result's string content as the text block it
+    stands for (a breakpoint turns the string into a block list in one turn, the
+    next turn sends the string again).
+    """
+    out = strip_cache_control(block)
+    content = out.get("content")
+    if out.get("type") == "tool_result":
+        if isinstance(content, str):
+            out["content"] = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            out["content"] = [
+                strip_cache_control(b) if isinstance(b, Mapping) else b for b in content
+            ]
+    return out
+
+
 def _ttl(block: Mapping[str, Any]) -> str | None:
     cc = block.get("cache_control")
     if cc is None:
@@ -207,7 +226,7 @@ def parse(body: Mapping[str, Any]) -> _Parsed:
         role = message["role"]
         blocks = _as_blocks(message.get("content"), f"messages.{i}")
         for k, block in enumerate(blocks):
-            parts.append({"role": role, "first": k == 0, "block": strip_cache_control(block)})
+            parts.append({"role": role, "first": k == 0, "block": _canonical(block)})
             tokens.append(_block_tokens(block))
             ttls.append(_ttl(block))
         oai.extend(_to_openai(role, blocks))

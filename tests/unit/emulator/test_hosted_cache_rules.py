@@ -148,3 +148,40 @@ def test_openai_retention() -> None:
     assert cache.lookup(prompt, key="k", retention="24h", now=7200.0).cached_tokens == 1920
     with pytest.raises(ValueError, match="prompt_cache_retention"):
         cache.lookup(prompt, key="k", retention="1w", now=0.0)
+
+
+def test_hosted_option_round_trips_through_the_command_line() -> None:
+    from langgraph_batch.emulator.cli import build_parser, config_from_args
+    from langgraph_batch.emulator.config import EmulatorConfig
+
+    for hosted in ("anthropic", "openai", None):
+        cfg = EmulatorConfig(hosted=hosted)
+        assert config_from_args(build_parser().parse_args(cfg.to_argv())).hosted == hosted
+    with pytest.raises(ValueError, match="hosted"):
+        EmulatorConfig(hosted="gemini")  # type: ignore[arg-type]
+
+
+def test_a_tool_result_is_the_same_prefix_with_or_without_its_breakpoint() -> None:
+    from langgraph_batch.emulator._anthropic_api import parse
+
+    def body(result: object) -> dict[str, object]:
+        return {
+            "model": "claude-sonnet-5",
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": "go"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": result}],
+                },
+            ],
+        }
+
+    marked = [{"type": "text", "text": "42", "cache_control": {"type": "ephemeral"}}]
+    plain, cached = parse(body("42")).blocks, parse(body(marked)).blocks
+    assert [b.digest for b in plain] == [b.digest for b in cached]
+    assert plain[-1].ttl is None
