@@ -507,10 +507,17 @@ class LangChainBackend(Backend):
         calls = StreamedCalls()
         finish: str | None = None
         stream = call.runnable.astream(call.messages, _INNER_CONFIG, stop=call.stop, **call.kwargs)
+        started = False
         try:
             async for part in stream:
                 if not isinstance(part, AIMessageChunk):
                     continue
+                if not started:
+                    # The answer has begun (Anthropic's `message_start`, OpenAI's role
+                    # delta): an empty chunk, as the HTTP backends pass on, tells a
+                    # prefix-warming leader's followers that the prefix is cached.
+                    started = True
+                    on_chunk(ChatChunk())
                 total = part if total is None else total + part
                 finish = finish_reason(part.response_metadata) or finish
                 text = str(part.text)
