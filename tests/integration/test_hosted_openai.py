@@ -75,3 +75,32 @@ async def test_chat_openai_sees_cache_reads(hosted_url: str, client: Any) -> Non
     await llm.ainvoke(messages, prompt_cache_key="lc")
     reply = await llm.ainvoke(messages, prompt_cache_key="lc")
     assert reply.usage_metadata["input_token_details"]["cache_read"] >= 1024
+
+
+async def test_langchain_backend_sends_prompt_cache_key(hosted_url: str, client: Any) -> None:
+    from langchain_openai import ChatOpenAI
+
+    from langgraph_batch import BatchedChatModel
+    from langgraph_batch.backends import LangChainBackend
+    from langgraph_batch.backends.base import ChatRequest
+
+    # Its own timeout: langchain-openai caches one async client per (base URL, timeout),
+    # and the previous test's is bound to that test's (closed) event loop.
+    inner = ChatOpenAI(
+        model=MODEL,
+        base_url=f"{hosted_url}/v1",
+        api_key="emulated",
+        max_retries=0,
+        max_tokens=8,
+        timeout=31.0,
+    )
+    backend = LangChainBackend(inner, key="hosted-openai-it", prompt_caching=True)
+    call = backend._prepare(
+        ChatRequest(model=MODEL, messages=[{"role": "system", "content": LONG}])
+    )
+    assert call.kwargs["prompt_cache_key"].startswith("lgb-")
+    llm = BatchedChatModel(model=MODEL, backend=backend)
+    messages = [("system", LONG), ("user", "hello")]
+    await llm.ainvoke(messages)
+    reply = await llm.ainvoke(messages)
+    assert reply.usage_metadata["input_token_details"]["cache_read"] >= 1024
