@@ -38,6 +38,7 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
 __all__ = (
     "FIVE_MINUTES_S",
+    "LOOKBACK_BLOCKS",
     "OPENAI_KEY_GROUPS",
     "CacheStyle",
     "anthropic_breakpoints",
@@ -55,6 +56,8 @@ FIVE_MINUTES_S = 300.0
 _TTL_MARGIN_S = 30.0
 """A wait predicted within this much of 5 minutes already takes the 1-hour TTL:
 the call itself and the time in the queue come on top of the tool's wait."""
+LOOKBACK_BLOCKS = 20
+"""Anthropic looks for an earlier entry up to about 20 blocks before a breakpoint."""
 OPENAI_KEY_GROUPS = 8
 """Siblings sharing a prefix spread over this many `prompt_cache_key`s."""
 
@@ -131,6 +134,15 @@ def _marked(content: Any, cache_control: Mapping[str, str]) -> list[Any] | None:
     return None
 
 
+def _blocks_of(message: BaseMessage) -> int:
+    """Roughly how many Anthropic content blocks a message becomes."""
+    content = message.content
+    n = len(content) if isinstance(content, list) else int(bool(content))
+    if isinstance(message, AIMessage):
+        n += len(message.tool_calls)
+    return max(1, n)
+
+
 def anthropic_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI tool dicts in Anthropic's format (`bind_tools` passes those through)."""
     out: list[dict[str, Any]] = []
@@ -152,12 +164,16 @@ def anthropic_breakpoints(
     *,
     ttl: Literal["5m", "1h"],
 ) -> tuple[list[BaseMessage], list[dict[str, Any]] | None]:
-    """Messages and tools with the two breakpoints (shared prefix, last message).
+    """Messages and tools with breakpoints on the shared prefix and the last message.
 
     The shared-prefix breakpoint goes on the last leading system message, or
     on the last tool when there is none; the history breakpoint on the last
     message unless it is the system message itself or an assistant turn
-    (whose tool-use blocks take no text breakpoint). Both use `ttl` (a 1h
+    (whose tool-use blocks take no text breakpoint). When the history before
+    the last message holds more blocks than Anthropic's lookback (a turn with
+    many parallel tool calls), a third breakpoint goes about
+    `LOOKBACK_BLOCKS` - 2 blocks back, so that the previous turn's entry is
+    still found; it splits a write, it adds none. All use `ttl` (a 1h
     breakpoint may not follow a 5m one, so they share the longer one).
 
     Returns:
@@ -192,6 +208,17 @@ def anthropic_breakpoints(
         marked = _marked(out[last].content, cc)
         if marked is not None:
             out[last] = out[last].model_copy(update={"content": marked})
+    seen = 0
+    for i in range(last - 1, lead - 1, -1):
+        seen += _blocks_of(out[i + 1])
+        if seen < LOOKBACK_BLOCKS - 2:
+            continue
+        if isinstance(out[i], AIMessage):
+            continue
+        marked = _marked(out[i].content, cc)
+        if marked is not None:
+            out[i] = out[i].model_copy(update={"content": marked})
+        break
     return out, anth_tools
 
 

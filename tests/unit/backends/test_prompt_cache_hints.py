@@ -217,3 +217,29 @@ def test_hosted_caches_turn_prefix_warming_on() -> None:
     assert BatchPolicy().warms_prefixes("openai", hosted_prompt_cache=True)
     assert not BatchPolicy().warms_prefixes("openai")
     assert not BatchPolicy(prefix_warming="off").warms_prefixes("openai", hosted_prompt_cache=True)
+
+
+def test_a_turn_longer_than_the_lookback_still_reads_the_previous_turn() -> None:
+    from langgraph_batch.emulator._anthropic_api import parse
+    from langgraph_batch.emulator._anthropic_cache import PromptCache
+
+    backend = LangChainBackend(_claude())
+    cache = PromptCache("claude-sonnet-5")
+    system = {"role": "system", "content": "rules " * 1500}
+    turn1 = [system, {"role": "user", "content": "task key=a"}]
+    calls = [
+        {"id": f"t{k}", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+        for k in range(12)
+    ]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        *({"role": "tool", "tool_call_id": f"t{k}", "content": str(k)} for k in range(12)),
+    ]
+    req1 = ChatRequest(model="m", messages=turn1, params={"tools": [TOOL]})
+    first = cache.plan(parse(_payload(backend, req1)).blocks, now=0)
+    cache.commit(first, now=1)
+    payload = _payload(backend, ChatRequest(model="m", messages=turn2, params={"tools": [TOOL]}))
+    assert len(_marks(payload)) == 3  # prefix, the previous turn's end, the last message
+    second = cache.plan(parse(payload).blocks, now=2)
+    assert second.cache_read_input_tokens == first.cache_creation_input_tokens
