@@ -417,15 +417,16 @@ def usage_to_metadata(usage: Usage) -> UsageMetadata:
     details = InputTokenDetails()
     if usage.cached_tokens is not None:
         details["cache_read"] = usage.cached_tokens
-    if usage.cache_write_tokens is not None:
-        # A provider's cache writes (Anthropic via LangChainBackend): priced apart
-        # (langgraph_batch.pricing), so they survive the trip through the scheduler.
-        details["cache_creation"] = usage.cache_write_tokens
-        if usage.cache_write_1h_tokens is not None:
-            details["ephemeral_1h_input_tokens"] = usage.cache_write_1h_tokens  # type: ignore[typeddict-unknown-key]
-            details["ephemeral_5m_input_tokens"] = max(  # type: ignore[typeddict-unknown-key]
-                0, usage.cache_write_tokens - usage.cache_write_1h_tokens
-            )
+    if usage.cache_creation_tokens is not None:
+        details["cache_creation"] = usage.cache_creation_tokens
+    if usage.cache_creation_1h_tokens is not None:
+        # Anthropic's TTL split of `cache_creation` (as langchain-anthropic names it).
+        split: dict[str, int] = {
+            "ephemeral_1h_input_tokens": usage.cache_creation_1h_tokens,
+            "ephemeral_5m_input_tokens": (usage.cache_creation_tokens or 0)
+            - usage.cache_creation_1h_tokens,
+        }
+        details.update(split)  # type: ignore[typeddict-item]
     if details:
         metadata["input_token_details"] = details
     return metadata

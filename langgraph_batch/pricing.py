@@ -64,7 +64,7 @@ ANTHROPIC_CACHE_READ = 0.1
 PROVIDER_BATCH_DISCOUNT = 0.5
 """The share off every token that OpenAI's Batch API and Anthropic's Message Batches give."""
 
-_PER_TOKEN = 1e-6  # prices are per million tokens
+_PER_MILLION = 1e-6  # prices are quoted per million tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,7 +169,7 @@ class Pricing:
         """
         if batch and not self.batch_discount:
             raise ValueError("this model has no batch discount (Pricing.batch_discount is 0)")
-        scale = _PER_TOKEN * ((1 - self.batch_discount) if batch else 1.0)
+        scale = _PER_MILLION * ((1 - self.batch_discount) if batch else 1.0)
         read = self.input if self.cache_read is None else self.cache_read
         write_5m = self.input if self.cache_write_5m is None else self.cache_write_5m
         write_1h = write_5m if self.cache_write_1h is None else self.cache_write_1h

@@ -159,16 +159,20 @@ def usage_of(message: BaseMessage) -> Usage | None:
     usage = getattr(message, "usage_metadata", None)
     if not usage:
         return None
-    details = usage.get("input_token_details") or {}
+    details: Mapping[str, Any] = usage.get("input_token_details") or {}
     cached = details.get("cache_read")
-    written = details.get("cache_creation")
-    hour = details.get("ephemeral_1h_input_tokens")
+    # langchain-anthropic zeroes `cache_creation` when it reports the TTL split.
+    long_ttl = details.get("ephemeral_1h_input_tokens")
+    split = [details.get(k) for k in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")]
+    created = details.get("cache_creation")
+    if any(v is not None for v in split):
+        created = max(int(created or 0), sum(int(v or 0) for v in split))
     return Usage(
         prompt_tokens=int(usage.get("input_tokens") or 0),
         completion_tokens=int(usage.get("output_tokens") or 0),
         cached_tokens=int(cached) if cached is not None else None,
-        cache_write_tokens=int(written) if written is not None else None,
-        cache_write_1h_tokens=int(hour) if hour is not None else None,
+        cache_creation_tokens=int(created) if created is not None else None,
+        cache_creation_1h_tokens=int(long_ttl) if long_ttl is not None else None,
     )
 
 

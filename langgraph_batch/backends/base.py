@@ -134,15 +134,17 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int | None = None
-    """`usage.prompt_tokens_details.cached_tokens` (None: not reported)."""
+    """Prompt tokens read from the server's cache: `usage.prompt_tokens_details.
+    cached_tokens`, Anthropic's `cache_read_input_tokens` (None: not reported)."""
+    cache_creation_tokens: int | None = None
+    """Prompt tokens written to a hosted prompt cache (Anthropic's
+    `cache_creation_input_tokens`; None: not reported)."""
+    cache_creation_1h_tokens: int | None = None
+    """The part of `cache_creation_tokens` written with the 1-hour TTL (priced 2x
+    base input instead of 1.25x; None: not reported)."""
     estimated: bool = False
     """True when the figures are this request's share of a batched call's totals
     (the server reports usage per call; see `backends/_batching.py`)."""
-    cache_write_tokens: int | None = None
-    """Prompt tokens written to a provider's prompt cache (Anthropic's
-    `cache_creation_input_tokens`, through `LangChainBackend`; None: not reported)."""
-    cache_write_1h_tokens: int | None = None
-    """The 1-hour share of `cache_write_tokens` (the rest are 5-minute writes)."""
 
     @property
     def total_tokens(self) -> int:
@@ -233,6 +235,9 @@ class BackendCapabilities:
     batch_completions: bool = False
     """`complete_batch()` sends many prompts in one HTTP call."""
     flavor: Literal["openai", "vllm", "sglang"] = "openai"
+    hosted_prompt_cache: bool = False
+    """A hosted API's prompt cache that serves a prefix only once a first request
+    with it has begun answering (Anthropic, Bedrock): prefix warming pays there."""
 
 
 class Backend(abc.ABC):

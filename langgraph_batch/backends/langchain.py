@@ -34,7 +34,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessageChunk, BaseMessage
@@ -52,6 +52,13 @@ from langgraph_batch.backends._langchain_convert import (
     usage_of,
 )
 from langgraph_batch.backends._langchain_errors import map_model_error
+from langgraph_batch.backends._prompt_cache import (
+    anthropic_breakpoints,
+    cache_style,
+    has_cache_control,
+    openai_cache_key,
+    ttl_for,
+)
 from langgraph_batch.backends.base import (
     Backend,
     BackendCapabilities,
@@ -185,8 +192,19 @@ class LangChainBackend(Backend):
       `stop` is passed as `stop`. The wrapped model's own settings apply
       otherwise; `BatchedChatModel(model=...)` is only a label here.
     - **streaming**: `astream` fragments reach the caller as text and
-      tool-call chunks; **usage** comes from `usage_metadata`, cached tokens
-      from `input_token_details.cache_read`.
+      tool-call chunks; **usage** comes from `usage_metadata`: cache reads
+      from `input_token_details.cache_read`, cache writes from
+      `cache_creation` (and the `ephemeral_5m/1h_input_tokens` split).
+    - **prompt caching** (`prompt_caching`, on by default): `ChatAnthropic`
+      requests get two `cache_control` breakpoints, one on the shared prefix
+      (tools and system) and one on the last message, with a 5m or 1h TTL
+      from the predicted tool wait; `ChatBedrockConverse` (Claude, Nova) gets
+      the same as its `cache_control` kwarg; `ChatOpenAI` against OpenAI's
+      API a `prompt_cache_key` per shared prefix and group of siblings.
+      Requests that carry breakpoints of their own are left alone. With
+      Anthropic and Bedrock models, siblings sharing a prefix wait until the
+      first one's answer begins, which is when its cache entry can be read
+      (the scheduler's prefix warming). See docs/hosted-apis.md.
     - **errors**: the provider's exceptions become the `langgraph_batch.errors`
       an HTTP backend raises (429 with `retry_after_s`, 5xx, timeouts,
       connection, authentication, bad request, context overflow), so the
@@ -212,6 +230,10 @@ class LangChainBackend(Backend):
             sync calls run on the background loop, async ones on yours, and
             each `asyncio.run` is a new loop. False: call in the caller's loop
             (one thread hop less; use it when one loop does all the calls).
+        prompt_caching: Prompt-cache hints for hosted APIs (see above).
+            `"auto"`: Anthropic and Bedrock models, and OpenAI models against
+            OpenAI's or Azure's API; True: also OpenAI-like models elsewhere;
+            False: none (the opt-out), and no prefix warming.
 
     Raises:
         TypeError: If `chat_model` is not a `BaseChatModel`.
@@ -244,6 +266,7 @@ class LangChainBackend(Backend):
         pass_response_format: bool | None = None,
         timeout: float | None = None,
         isolate_loop: bool = True,
+        prompt_caching: bool | Literal["auto"] = "auto",
     ) -> None:
         if not isinstance(chat_model, BaseChatModel):
             raise TypeError(
@@ -253,6 +276,10 @@ class LangChainBackend(Backend):
             )
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        if prompt_caching not in (True, False, "auto"):
+            raise ValueError(
+                f"prompt_caching must be True, False or 'auto', got {prompt_caching!r}"
+            )
         self._model = chat_model
         self._model_name = _model_name(chat_model)
         self._label = f"{type(chat_model).__name__}({self._model_name})"
@@ -262,6 +289,12 @@ class LangChainBackend(Backend):
         )
         self._timeout = timeout
         self._isolate_loop = isolate_loop
+        self._cache_style = cache_style(chat_model, mode=prompt_caching)
+        # A hosted cache entry is readable once the first answer begins: siblings
+        # sharing a prefix wait for it (prefix warming) rather than all writing it.
+        self.capabilities = BackendCapabilities(
+            flavor="openai", hosted_prompt_cache=self._cache_style in ("anthropic", "bedrock")
+        )
         self._home_started = False
         suffix = key if key is not None else _fingerprint(chat_model)
         self._key = f"LangChainBackend:{type(chat_model).__name__}:{self._model_name}:{suffix}"
@@ -431,6 +464,21 @@ class LangChainBackend(Backend):
                 "response_format.",
                 request_id=request.request_id,
             )
+        messages = openai_to_messages(request.messages)
+        style = self._cache_style
+        if style is not None and not has_cache_control(messages, tools):
+            ttl = ttl_for(request.retention_s)
+            if style == "anthropic":
+                messages, anthropic_tools = anthropic_breakpoints(messages, tools, ttl=ttl)
+                if anthropic_tools is not None:
+                    tools = anthropic_tools
+            elif style == "bedrock":
+                kwargs.setdefault("cache_control", {"type": "ephemeral", "ttl": ttl})
+            else:
+                kwargs.setdefault(
+                    "prompt_cache_key",
+                    openai_cache_key(request.messages, tools, request.route_key),
+                )
         runnable: Runnable[LanguageModelInput, BaseMessage] = self._model
         if tools:
             bind: dict[str, Any] = {}
@@ -449,7 +497,7 @@ class LangChainBackend(Backend):
             kwargs["stream_usage"] = True
         return _Call(
             runnable=runnable,
-            messages=openai_to_messages(request.messages),
+            messages=messages,
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
             kwargs=kwargs,
             schema_tool=schema_tool,
@@ -462,10 +510,17 @@ class LangChainBackend(Backend):
         calls = StreamedCalls()
         finish: str | None = None
         stream = call.runnable.astream(call.messages, _INNER_CONFIG, stop=call.stop, **call.kwargs)
+        started = False
         try:
             async for part in stream:
                 if not isinstance(part, AIMessageChunk):
                     continue
+                if not started:
+                    # The answer has begun (Anthropic's `message_start`, OpenAI's role
+                    # delta): an empty chunk, as the HTTP backends pass on, tells a
+                    # prefix-warming leader's followers that the prefix is cached.
+                    started = True
+                    on_chunk(ChatChunk())
                 total = part if total is None else total + part
                 finish = finish_reason(part.response_metadata) or finish
                 text = str(part.text)

@@ -174,6 +174,7 @@ class EndpointPool(Backend):
             metrics=any(b.capabilities.metrics for b in members),
             batch_completions=all(b.capabilities.batch_completions for b in members),
             flavor=first.flavor,
+            hosted_prompt_cache=all(b.capabilities.hosted_prompt_cache for b in members),
         )
         self.base_url = ",".join(b.base_url for b in members)
 

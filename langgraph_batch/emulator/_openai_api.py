@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -18,6 +19,7 @@ from langgraph_batch.emulator._http import (
     salt_of,
     structured_of,
 )
+from langgraph_batch.emulator._openai_cache import CachedPrompt
 from langgraph_batch.emulator._ratelimit import Admission
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.engine import Request
@@ -57,6 +59,7 @@ async def chat(server: Serving, request: HTTPRequest) -> Response:
         top = _top_logprobs(body)
         prompt_ids = tokenize_chat(messages, tools=tools)
         max_tokens = server.max_tokens(body, len(prompt_ids), default=None)
+        hosted = _hosted_lookup(server, body, prompt_ids)
         sopts = opts.scenario
         if sopts.scenario == "echo" and not opts.explicit_output and "max_tokens" in body:
             sopts = replace(sopts, output_tokens=max_tokens)
@@ -89,7 +92,14 @@ async def chat(server: Serving, request: HTTPRequest) -> Response:
         return StreamingResponse(
             _settled(
                 _stream_chat(
-                    server, chat_id, req, plan, opts, include_usage=include_usage, top_logprobs=top
+                    server,
+                    chat_id,
+                    req,
+                    plan,
+                    opts,
+                    include_usage=include_usage,
+                    top_logprobs=top,
+                    hosted=hosted,
                 ),
                 server,
                 admission,
@@ -104,7 +114,8 @@ async def chat(server: Serving, request: HTTPRequest) -> Response:
         server.settle(admission, req.num_output)
     if not done:
         return Response(status_code=499)
-    payload = _chat_json(server, chat_id, req, plan)
+    _hosted_commit(server, hosted)
+    payload = _chat_json(server, chat_id, req, plan, hosted)
     if top is not None:
         payload["choices"][0]["logprobs"] = logprobs_json(plan.pieces, top)
     if opts.fault == "drop":
@@ -140,16 +151,45 @@ def _top_logprobs(body: Mapping[str, Any]) -> int | None:
     return top
 
 
-def _usage(server: Serving, req: Request) -> dict[str, Any]:
+def _hosted_lookup(
+    server: Serving, body: Mapping[str, Any], prompt_ids: list[int]
+) -> CachedPrompt | None:
+    """OpenAI's cache rules for this prompt (`hosted="openai"`), else None (the engine's)."""
+    cache = server.openai_cache
+    if cache is None:
+        return None
+    key = body.get("prompt_cache_key")
+    retention = body.get("prompt_cache_retention")
+    if key is not None and not isinstance(key, str):
+        raise RequestError("'prompt_cache_key' must be a string.", param="prompt_cache_key")
+    try:
+        return cache.lookup(
+            prompt_ids,
+            key=key,
+            retention=retention,
+            now=time.monotonic() * server.config.time_scale,
+        )
+    except ValueError as exc:
+        raise RequestError(str(exc), param="prompt_cache_retention") from None
+
+
+def _hosted_commit(server: Serving, hosted: CachedPrompt | None) -> None:
+    if hosted is not None and server.openai_cache is not None:
+        server.openai_cache.commit(hosted, now=time.monotonic() * server.config.time_scale)
+
+
+def _usage(server: Serving, req: Request, hosted: CachedPrompt | None = None) -> dict[str, Any]:
     return usage_dict(
         req.prompt_len,
         req.num_output,
-        req.cached_tokens,
-        details=server.config.prompt_tokens_details,
+        req.cached_tokens if hosted is None else hosted.cached_tokens,
+        details=server.config.prompt_tokens_details or hosted is not None,
     )
 
 
-def _chat_json(server: Serving, chat_id: str, req: Request, plan: Plan) -> dict[str, Any]:
+def _chat_json(
+    server: Serving, chat_id: str, req: Request, plan: Plan, hosted: CachedPrompt | None = None
+) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": plan.content,
@@ -176,7 +216,7 @@ def _chat_json(server: Serving, chat_id: str, req: Request, plan: Plan) -> dict[
         ],
         "service_tier": None,
         "system_fingerprint": None,
-        "usage": _usage(server, req),
+        "usage": _usage(server, req, hosted),
         "prompt_logprobs": None,
         "kv_transfer_params": None,
     }
@@ -191,6 +231,7 @@ async def _stream_chat(
     *,
     include_usage: bool,
     top_logprobs: int | None = None,
+    hosted: CachedPrompt | None = None,
 ) -> AsyncIterator[bytes]:
     model = server.config.model
     created = now_s()
@@ -274,6 +315,7 @@ async def _stream_chat(
         frames.append(
             sse(chat_chunk(chat_id, model, created, {}, finish_reason=plan.finish_reason))
         )
+        _hosted_commit(server, hosted)
         if include_usage:
             usage_chunk = {
                 "id": chat_id,
@@ -281,7 +323,7 @@ async def _stream_chat(
                 "created": created,
                 "model": model,
                 "choices": [],
-                "usage": _usage(server, req),
+                "usage": _usage(server, req, hosted),
             }
             frames.append(sse(usage_chunk))
         frames.append(b"data: [DONE]\n\n")

@@ -21,6 +21,7 @@ from starlette.requests import Request as HTTPRequest
 
 from langgraph_batch.emulator._hints import AgentHints
 from langgraph_batch.emulator._http import RequestError, RequestOptions, Watch
+from langgraph_batch.emulator._openai_cache import OpenAIPromptCache
 from langgraph_batch.emulator._ratelimit import (
     Admission,
     RateLimited,
@@ -85,6 +86,9 @@ class Serving:
         """The provider-style limits (`--rate-limit-*`), None when none is set."""
         self.rate_limited = 0
         """Requests refused with 429 by `rate_limits` (`/emulator/stats`)."""
+        hosted_openai = config.hosted == "openai"
+        self.openai_cache = OpenAIPromptCache(seed=config.seed) if hosted_openai else None
+        """OpenAI's prompt-caching rules for `cached_tokens` (`hosted="openai"`), else None."""
 
     # -- rate limits (OpenAI's headers; the Anthropic route writes its own) -----
 

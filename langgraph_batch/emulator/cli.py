@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agentic-context", action=argparse.BooleanOptionalAction,
                    default=d.agentic_context,
                    help="accept vllm-router's vllm_xargs.agentic_context hints")  # fmt: skip
+    p.add_argument("--hosted", default=None, choices=["anthropic", "openai"],
+                   help="a hosted API's prompt caching (anthropic: also /v1/messages)")  # fmt: skip
     p.add_argument("--log-level", default=d.log_level,
                    choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
     return p
@@ -127,6 +129,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         rate_limit_tpm=args.rate_limit_tpm,
         rate_limit_itpm=args.rate_limit_itpm,
         rate_limit_otpm=args.rate_limit_otpm,
+        hosted=args.hosted,
         log_level=args.log_level,
     )
 

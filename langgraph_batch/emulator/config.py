@@ -95,6 +95,11 @@ class EmulatorConfig:
     """Input tokens per minute (Anthropic's ITPM)."""
     rate_limit_otpm: int | None = None
     """Output tokens per minute (Anthropic's OTPM)."""
+    hosted: Literal["anthropic", "openai"] | None = None
+    """A hosted API's prompt caching instead of the engine's (docs/hosted-apis.md):
+    "anthropic" also serves `POST /v1/messages` with Anthropic's cache rules and
+    latency model; "openai" reports `cached_tokens` on chat completions by
+    OpenAI's rules (`prompt_cache_key`, `prompt_cache_retention`). None: off."""
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -142,6 +147,8 @@ class EmulatorConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.hosted not in (None, "anthropic", "openai"):
+            raise ValueError(f"hosted must be 'anthropic', 'openai' or None, got {self.hosted!r}")
         bad = [f for f in self.faults if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
@@ -206,6 +213,8 @@ class EmulatorConfig:
         )
         if self.agentic_context:
             argv.append("--agentic-context")
+        if self.hosted is not None:
+            argv.append(f"--hosted={self.hosted}")
         if self.repeat_tool_args:
             argv.append("--repeat-tool-args")
         if not self.enable_prefix_caching:

@@ -31,7 +31,7 @@ try:
 except ImportError:  # the optional `emulator` extra
     raise missing_extra("emulator", "the emulator needs starlette and uvicorn") from None
 
-from langgraph_batch.emulator import _batch_api, _openai_api, sglang
+from langgraph_batch.emulator import _anthropic_api, _batch_api, _openai_api, sglang
 from langgraph_batch.emulator._http import RequestError
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.config import EmulatorConfig
@@ -97,6 +97,11 @@ class EmulatorServer:
         # runs through this app's chat route.
         self.batches = _batch_api.BatchAPI(self.serving, lambda: self.app)
         routes += self.batches.routes()
+        self.anthropic: _anthropic_api.AnthropicFlavor | None = None
+        """The hosted Anthropic flavour (`config.hosted == "anthropic"`), else None."""
+        if config.hosted == "anthropic":
+            self.anthropic = _anthropic_api.AnthropicFlavor(serving=self.serving)
+            routes += _anthropic_api.routes(self.anthropic)
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
     @property
@@ -178,8 +183,12 @@ class EmulatorServer:
             self.engine.reset_prefix_cache()
             self.hints.reset()
             self.driver.reset_lag()
+            if self.serving.openai_cache is not None:
+                self.serving.openai_cache.clear()
 
         await self.driver.call(reset)
+        if self.anthropic is not None:
+            self.anthropic.reset()
         return JSONResponse({"ok": True})
 
     async def pause(self, request: HTTPRequest) -> Response:

@@ -300,25 +300,30 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
         if not 0 < self.decode_elasticity < 1:
             raise ValueError(f"decode_elasticity={self.decode_elasticity!r} must be in (0, 1)")
 
-    def warms_prefixes(self, flavor: str) -> bool:
+    def warms_prefixes(self, flavor: str, *, hosted_prompt_cache: bool = False) -> bool:
         """Whether prefix warming is on for a backend of this flavour.
 
         Args:
             flavor: `BackendCapabilities.flavor` ("openai", "vllm", "sglang").
+            hosted_prompt_cache: `BackendCapabilities.hosted_prompt_cache`: a
+                hosted API (Anthropic, Bedrock) whose cache entry is readable
+                only once the first request with it began answering.
 
         Returns:
-            True for `on`; for `auto`, True only on `sglang` (vLLM V1 shares a
-            prefix among requests scheduled in the same step, so holding
-            siblings back would only add latency there).
+            True for `on`; for `auto`, True on `sglang` and on hosted prompt
+            caches (vLLM V1 shares a prefix among requests scheduled in the
+            same step, so holding siblings back would only add latency there).
 
         Example:
             ```python
             assert BatchPolicy().warms_prefixes("sglang")
             assert not BatchPolicy().warms_prefixes("vllm")
+            assert BatchPolicy().warms_prefixes("openai", hosted_prompt_cache=True)
             ```
         """
         mode = self.prefix_warming
-        return mode == "on" or (mode == "auto" and flavor == "sglang")
+        auto = flavor == "sglang" or hosted_prompt_cache
+        return mode == "on" or (mode == "auto" and auto)
 
     @property
     def hard_cap(self) -> int:

@@ -126,7 +126,9 @@ class Scheduler:
         self.name = name if name is not None else f"scheduler-{next(_names)}"
         self._owns_backend = owns_backend
         caps = backend.capabilities
-        self._warming = self._policy.warms_prefixes(caps.flavor)
+        self._warming = self._policy.warms_prefixes(
+            caps.flavor, hosted_prompt_cache=caps.hosted_prompt_cache
+        )
         self._core = BatchPolicyCore(
             self._policy,
             batching=caps.batch_completions,
