@@ -38,6 +38,7 @@ from langgraph_batch.emulator._anthropic_cache import (
     strip_cache_control,
 )
 from langgraph_batch.emulator._http import RequestError
+from langgraph_batch.emulator._ratelimit import Admission
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.scenarios import Plan, plan_chat
 from langgraph_batch.emulator.tokenizer import count_tokens
@@ -370,6 +371,15 @@ class AnthropicFlavor:
             )
             plan = self.serving.fit_length(plan, {}, parsed.max_tokens, seed=len(parsed.blocks))
             cached = self.cache.plan(parsed.blocks, now=self.now(), model=parsed.model)
+            headers = {"request-id": "req_" + uuid.uuid4().hex[:24]}
+            # Cache reads do not count towards the input-tokens-per-minute limit
+            # (docs.claude.com/en/api/rate-limits: "cache-aware ITPM").
+            admission = self.serving.admit(
+                {"max_tokens": parsed.max_tokens},
+                cached.input_tokens + cached.cache_creation_input_tokens,
+                headers,
+                style="anthropic",
+            )
         except RequestError as exc:
             if exc.status == 429:
                 return JSONResponse(
@@ -381,16 +391,18 @@ class AnthropicFlavor:
         except CacheRuleError as exc:
             return _error(str(exc))
         msg_id = "msg_" + uuid.uuid4().hex[:24]
-        headers = {"request-id": "req_" + uuid.uuid4().hex[:24]}
         if parsed.stream:
             return StreamingResponse(
-                self._stream(msg_id, parsed, plan, cached),
+                self._stream(msg_id, parsed, plan, cached, admission),
                 media_type="text/event-stream",
                 headers=headers,
             )
-        await self._sleep(self.latency.first_token_s(cached))
-        self.cache.commit(cached, now=self.now())
-        await self._sleep(plan.num_tokens / self.latency.output_tps)
+        try:
+            await self._sleep(self.latency.first_token_s(cached))
+            self.cache.commit(cached, now=self.now())
+            await self._sleep(plan.num_tokens / self.latency.output_tps)
+        finally:
+            self.serving.settle(admission, plan.num_tokens)
         self.stats.add(cached, plan.num_tokens)
         return JSONResponse(self._message(msg_id, parsed, plan, cached), headers=headers)
 
@@ -409,6 +421,20 @@ class AnthropicFlavor:
         }
 
     async def _stream(
+        self,
+        msg_id: str,
+        parsed: _Parsed,
+        plan: Plan,
+        cached: CachePlan,
+        admission: Admission | None,
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream_events(msg_id, parsed, plan, cached):
+                yield chunk
+        finally:
+            self.serving.settle(admission, plan.num_tokens)
+
+    async def _stream_events(
         self, msg_id: str, parsed: _Parsed, plan: Plan, cached: CachePlan
     ) -> AsyncIterator[bytes]:
         await self._sleep(self.latency.first_token_s(cached))

@@ -195,6 +195,12 @@ class RateLimiter:
                 raise ValueError(f"{name} per minute must be an integer >= 1, got {limit!r}")
             self.buckets[name] = TokenBucket(limit, window_s=minute_s, now=now)
 
+    def refill_all(self) -> None:
+        """Fill every bucket (`POST /emulator/reset`: a fresh minute)."""
+        now = self._clock()
+        for bucket in self.buckets.values():
+            bucket.level, bucket.stamp = bucket.capacity, now
+
     @property
     def active(self) -> bool:
         """Whether any limit is set."""

@@ -176,7 +176,7 @@ class EmulatorServer:
         return JSONResponse({"fields": list(PHASE_FIELDS), "requests": rows})
 
     async def reset(self, request: HTTPRequest) -> Response:
-        """Zero the counters and clear the prefix cache."""
+        """Zero the counters, clear the prefix caches and start a fresh rate-limit minute."""
 
         def reset() -> None:
             self.engine.reset_counters()
@@ -189,6 +189,8 @@ class EmulatorServer:
         await self.driver.call(reset)
         if self.anthropic is not None:
             self.anthropic.reset()
+        if self.serving.rate_limits is not None:
+            self.serving.rate_limits.refill_all()
         return JSONResponse({"ok": True})
 
     async def pause(self, request: HTTPRequest) -> Response:

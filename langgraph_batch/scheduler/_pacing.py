@@ -92,6 +92,11 @@ class RateGate:
             self.pacer.settle(ticket, None, now)
             return
         inp, out = float(usage.prompt_tokens), float(usage.completion_tokens)
+        if usage.cache_creation_tokens is not None and usage.cached_tokens:
+            # A hosted cache that reports writes (Anthropic's, Bedrock's) does not count
+            # cache reads towards the input-tokens limit ("cache-aware ITPM",
+            # docs.claude.com/en/api/rate-limits); OpenAI's counts them.
+            inp -= float(usage.cached_tokens)
         actual = {"requests": 1.0, "input_tokens": inp, "output_tokens": out, "tokens": inp + out}
         # A batched call's usage is split among its members: right in sum only.
         self.pacer.settle(ticket, actual, now, calibrate=not usage.estimated)
