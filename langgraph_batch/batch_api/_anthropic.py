@@ -15,9 +15,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
 from langgraph_batch._extras import missing_extra
+from langgraph_batch.batch_api._outcome import unran
 from langgraph_batch.errors import (
-    BatchItemCanceledError,
-    BatchItemExpiredError,
     BatchItemFailedError,
 )
 
@@ -93,20 +92,17 @@ def _item(
     kind = result.get("type")
     if kind == "succeeded":
         return to_message(result["message"], batch_id=batch_id, custom_id=cid)
-    if kind == "expired" or (kind == "canceled" and cut_off):
-        why = "its deadline" if cut_off else "the batch's 24-hour window"
-        return BatchItemExpiredError(
-            f"Anthropic batch {batch_id}: item {cid} did not run before {why} ran out; "
-            f"send it again (a new batch, or synchronously)",
-            batch_id=batch_id,
-            custom_id=cid,
-        )
-    if kind == "canceled":
-        return BatchItemCanceledError(
-            f"Anthropic batch {batch_id} was cancelled before item {cid} ran",
-            batch_id=batch_id,
-            custom_id=cid,
-        )
+    missed = unran(
+        "Anthropic",
+        batch_id,
+        cid,
+        expired=kind == "expired",
+        cancelled=kind == "canceled",
+        cut_off=cut_off,
+        window="the batch's 24-hour window",
+    )
+    if missed is not None:
+        return missed
     error = ((result.get("error") or {}).get("error")) or {}
     return BatchItemFailedError(
         f"Anthropic batch {batch_id}: item {cid} errored: {error.get('type')}: "

@@ -18,9 +18,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 
 from langgraph_batch._extras import missing_extra
+from langgraph_batch.batch_api._outcome import unran
 from langgraph_batch.errors import (
-    BatchItemCanceledError,
-    BatchItemExpiredError,
     BatchItemFailedError,
     ProviderBatchError,
 )
@@ -120,20 +119,17 @@ class OpenAIBatches:
         if status == 200:
             return to_message(response["body"], batch_id=batch_id, custom_id=cid)
         code = error.get("code")
-        if code == "batch_expired" or (code == "batch_cancelled" and cut_off):
-            why = "its deadline" if cut_off else "the batch's completion window"
-            return BatchItemExpiredError(
-                f"OpenAI batch {batch_id}: item {cid} did not run before {why} ran out; "
-                f"send it again (a new batch, or synchronously)",
-                batch_id=batch_id,
-                custom_id=cid,
-            )
-        if code == "batch_cancelled":
-            return BatchItemCanceledError(
-                f"OpenAI batch {batch_id} was cancelled before item {cid} ran",
-                batch_id=batch_id,
-                custom_id=cid,
-            )
+        missed = unran(
+            "OpenAI",
+            batch_id,
+            cid,
+            expired=code == "batch_expired",
+            cancelled=code == "batch_cancelled",
+            cut_off=cut_off,
+            window="the batch's completion window",
+        )
+        if missed is not None:
+            return missed
         body_error = ((response.get("body") or {}).get("error")) or error
         return BatchItemFailedError(
             f"OpenAI batch {batch_id}: item {cid} failed with HTTP {status}: "
