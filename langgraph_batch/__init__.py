@@ -23,7 +23,9 @@ Which module owns which decision:
                               scheduler's starting limit and fan_out's bookings
     _redact, _process         a URL fit to show (no password) in reprs, logs and
                               errors; stopping a child process (term, kill, reap)
-    scheduler/_policy         what goes next: plan(pending, now), pure; composes
+    _rate_budget              a provider's rate budget per key (stated, or learned from
+                              its limit headers); scheduler/_pacing waits on it
+    scheduler/_policy         what goes next: plan(now), pure; composes
       _limit _decode_gate     the in-flight limit (slow start, AIMD); the decode cap
       _warming _priority      the prefix-warming gate; priority key functions
       _gather                 a burst of known conversations goes out in order
@@ -37,21 +39,28 @@ Which module owns which decision:
     backends/_errormap        the one error map: transport errors and the HTTP status
                               table, for every backend path (LangChainBackend too)
     backends/_batching, pool  batched prompts shared by vllm/sglang; replica routing
-    tools/                    coalescing, single-flight, ToolNode hook, middleware
+    backends/dynamo           dynamo://: session headers, nvext agent hints (_dynamo_hints)
+    backends/_prompt_cache    hosted prompt caches: Anthropic breakpoints, OpenAI keys
+    tools/                    coalescing, single-flight, ToolNode hook, middleware;
+                              _once: at_most_once calls and where they are recorded
     nodes/fan_out             the node; _spec its options (FanOutSpec, frozen, checked
                               once), _admission the gate (program-level KV
                               admission, pauses), _forecast what a run learns of its
                               contexts and tool waits, _run one run's state,
                               _results results in order, _remote siblings elsewhere
-    distributed/              Redis execution; _redis_wait: every wait on an
-                              unreachable Redis (one cap, one give-up rule)
+    distributed/              Redis and Ray execution; _redis_wait: every wait on an
+                              unreachable Redis (one cap, one give-up rule); _sibling:
+                              the body both run; _redis_once, RayOnceStore: at_most_once
     emulator/                 the emulated vLLM/SGLang server; _serving its engine
                               and the request plumbing every route receives; _batch_api the
-                              providers' batch APIs (OpenAI Batch, Message Batches)
+                              providers' batch APIs (OpenAI Batch, Message Batches);
+                              _anthropic_api, _openai_cache the hosted flavours;
+                              _ratelimit the providers' limits and headers
     pricing                   user price tables, cache/batch pricing rules, CostMeter
                               (fan_out's prices=, bench --replay --price)
     batch_api/                ProviderBatch: single-call siblings through a provider's
-                              batch API (_openai, _anthropic: the SDK calls)
+                              batch API (_openai, _anthropic: the SDK calls; _outcome:
+                              items that never ran)
 
 A package's private modules are imported from inside it only; what other
 packages need, its public module exposes (`tests/unit/test_module_graph.py`).
