@@ -72,7 +72,7 @@ class _Engines:
             self.dead.append(server)
             server = None
         if server is None:
-            server = VLLMCPUServer(config, log_dir=_LOG_DIR)
+            server = VLLMCPUServer(config, log_dir=_LOG_DIR, nice=10)
             server.start()
             self.servers[config] = server
         return server
