@@ -319,3 +319,75 @@ def test_the_policy_validates_and_rides_in_batch_policy() -> None:
         RateLimitPolicy(output_tokens_prior=-1)
     with pytest.raises(ValueError, match="must be a RateLimitPolicy"):
         BatchPolicy(rate_limit={"tokens_per_min": 5})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------ a cache whose reads the limit leaves out
+
+
+def test_the_shared_prefix_is_the_tools_and_the_leading_system_messages() -> None:
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from langgraph_batch.scheduler._pacing import split_prefix
+
+    sys_msg = {"role": "system", "content": "policy " * 100}
+    user = {"role": "user", "content": "task"}
+    digest, rest = split_prefix([sys_msg, user], None)
+    assert digest is not None
+    assert rest == [user]
+    assert split_prefix([user], None) == (None, [user])
+    assert split_prefix([user], [{"name": "t"}])[0] is not None  # tools alone are a prefix
+    assert split_prefix([sys_msg, {"role": "user", "content": "other"}], None)[0] == digest
+    lc_digest, lc_rest = split_prefix([SystemMessage("p"), HumanMessage("q")], None)
+    assert lc_digest is not None
+    assert len(lc_rest) == 1
+
+
+async def test_once_a_prefix_is_written_cache_aware_requests_are_booked_without_it() -> None:
+    from langgraph_batch.backends.base import ChatRequest, ChatResponse, Usage
+    from langgraph_batch.scheduler._pacing import RateGate
+
+    gate = RateGate(_pacer(input_tokens_per_min=10**9))
+    system = {"role": "system", "content": "a long shared policy. " * 400}
+
+    def request(i: int) -> ChatRequest:
+        task = {"role": "user", "content": f"task {i}"}
+        return ChatRequest(model="m", messages=[system, task], params={"max_tokens": 8})
+
+    first = await gate.wait(request(0))
+    assert first is not None
+    # The writer's answer: usage that reports cache writes (Anthropic's).
+    usage = Usage(
+        prompt_tokens=2000, completion_tokens=8, cached_tokens=0, cache_creation_tokens=2000
+    )
+    gate.done(first, ChatResponse(id="r0", model="m", usage=usage), None)
+    assert gate.cache_aware
+    second = await gate.wait(request(1))
+    assert second is not None
+    assert second.raw_input < first.raw_input / 10  # the prefix will be a cache read
+    assert second.shape == -2  # a calibration class of its own
+    # Counted far beyond its booking: the cache entry expired; the prefix is cold again.
+    cold = Usage(
+        prompt_tokens=2000, completion_tokens=8, cached_tokens=0, cache_creation_tokens=2000
+    )
+    gate.done(second, ChatResponse(id="r1", model="m", usage=cold), None)
+    third = await gate.wait(request(2))
+    assert third is not None
+    assert third.raw_input == pytest.approx(first.raw_input, rel=0.01)
+
+
+async def test_a_cache_that_counts_its_reads_is_booked_in_full() -> None:
+    from langgraph_batch.backends.base import ChatRequest, ChatResponse, Usage
+    from langgraph_batch.scheduler._pacing import RateGate
+
+    gate = RateGate(_pacer(input_tokens_per_min=10**9))
+    system = {"role": "system", "content": "a long shared policy. " * 400}
+    req = ChatRequest(model="m", messages=[system, {"role": "user", "content": "t"}], params={})
+    first = await gate.wait(req)
+    assert first is not None
+    # OpenAI's usage: cached tokens, no cache writes reported.
+    usage = Usage(prompt_tokens=2000, completion_tokens=8, cached_tokens=1920)
+    gate.done(first, ChatResponse(id="r0", model="m", usage=usage), None)
+    assert not gate.cache_aware
+    second = await gate.wait(req)
+    assert second is not None
+    assert second.raw_input == first.raw_input
