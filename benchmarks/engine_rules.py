@@ -197,6 +197,10 @@ async def _checked(request: Awaitable[httpx.Response]) -> None:
     resp.raise_for_status()
 
 
+_HELD_GAP_S = 0.1
+"""Least seconds between two sends of a held phase (the paused server takes them in order)."""
+
+
 async def run_stream(
     url: str,
     model: str,
@@ -264,8 +268,13 @@ async def run_stream(
                     if call.name in outcomes:
                         raise ValueError(f"call name {call.name!r} used twice")
                     if i and gap_s > 0:
-                        await asyncio.sleep(gap_s)
+                        await asyncio.sleep(max(gap_s, _HELD_GAP_S) if held else gap_s)
                     tasks.append(asyncio.create_task(one(call, sent[i])))
+                    if held:
+                        # The next call goes once this one's body is on the wire, so
+                        # a held phase is admitted in its written order (concurrent
+                        # sends on new connections arrived out of order in CI).
+                        await asyncio.wait_for(sent[i].wait(), timeout_s)
                 if held:
                     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in sent)), timeout_s)
                     await asyncio.sleep(settle_s)
