@@ -390,3 +390,23 @@ def timer() -> Iterator[list[float]]:
     box = [time.monotonic()]
     yield box
     box[0] = time.monotonic() - box[0]
+
+
+@contextlib.asynccontextmanager
+async def supervised(workers: Sequence[WorkerProc]) -> AsyncIterator[None]:
+    """Restart dead workers while the body runs (what systemd or compose `restart: always` do)."""
+    stop = asyncio.Event()
+
+    async def supervise() -> None:
+        while not stop.is_set():
+            for w in workers:
+                if not w.alive():
+                    await asyncio.to_thread(w.start)
+            await asyncio.sleep(0.1)
+
+    supervisor = asyncio.create_task(supervise())
+    try:
+        yield
+    finally:
+        stop.set()
+        await supervisor

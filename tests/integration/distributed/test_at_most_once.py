@@ -38,6 +38,7 @@ from tests.integration.distributed.conftest import (
     Harness,
     RedisProc,
     WorkerProc,
+    supervised,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -82,17 +83,7 @@ async def test_redis_workers_that_die_never_charge_twice(
         await asyncio.to_thread(start_worker, redis.url, "orders", "--concurrency", "1")
         for _ in range(2)
     ]
-    stop = asyncio.Event()
-
-    async def supervise() -> None:
-        while not stop.is_set():
-            for w in workers:
-                if not w.alive():
-                    await asyncio.to_thread(w.start)
-            await asyncio.sleep(0.1)
-
-    supervisor = asyncio.create_task(supervise())
-    try:
+    async with supervised(workers):
         from tests.integration.distributed.graphs import orders
 
         graph = parent_graph(
@@ -102,9 +93,6 @@ async def test_redis_workers_that_die_never_charge_twice(
             result=lambda final: final["answer"],
         )
         out, _ = await run_parent(graph, ORDERS)
-    finally:
-        stop.set()
-        await supervisor
     await check(out, harness.exec_log)
     assert sum(w.starts for w in workers) >= 4  # both faults really killed a worker
 

@@ -31,6 +31,7 @@ from tests.integration.distributed.conftest import (
     atally,
     executions,
     free_port,
+    supervised,
 )
 
 pytestmark = pytest.mark.anyio
@@ -298,24 +299,13 @@ async def test_poison_job_is_dead_lettered_alone(
 ) -> None:
     redis = await asyncio.to_thread(start_redis)
     workers = await _start(start_worker, [redis.url] * 2, "--concurrency", "3")
-    stop = asyncio.Event()
-
-    async def supervise() -> None:
-        # What systemd or compose `restart: always` does: restart dead workers.
-        while not stop.is_set():
-            for w in workers:
-                if not w.alive():
-                    await asyncio.to_thread(w.start)
-            await asyncio.sleep(0.1)
-
-    supervisor = asyncio.create_task(supervise())
 
     async def fault() -> None:
         return None  # the poison sibling is the fault
 
     xs: list[Any] = [{"x": i, "sleep": 0.4} for i in range(9)]
     xs[3] = {"x": 3, "poison": True}
-    try:
+    async with supervised(workers):
         out, counts = await _run_with_fault(
             "poison job (kills its worker)",
             harness,
@@ -327,9 +317,6 @@ async def test_poison_job_is_dead_lettered_alone(
             dead_ok=(3,),
             max_deliveries=3,
         )
-    finally:
-        stop.set()
-        await supervisor
     err = out[3]
     assert isinstance(err, SiblingError)
     assert err.error_type == "DeadLetteredError"
