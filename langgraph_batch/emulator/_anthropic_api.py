@@ -43,7 +43,7 @@ from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.scenarios import Plan, plan_chat
 from langgraph_batch.emulator.tokenizer import count_tokens
 
-__all__ = ("AnthropicFlavor", "HostedLatency", "routes")
+__all__ = ("AnthropicFlavor", "HostedLatency", "content_blocks", "parse", "routes")
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -301,7 +301,8 @@ def _tool_choice(choice: Any, has_tools: bool) -> Any:
     return "none" if kind == "none" else "auto"
 
 
-def _content(plan: Plan) -> list[dict[str, Any]]:
+def content_blocks(plan: Plan) -> list[dict[str, Any]]:
+    """The scenario's answer as Messages content blocks (text, then tool uses)."""
     out: list[dict[str, Any]] = []
     if plan.content:
         out.append({"type": "text", "text": plan.content})
@@ -351,7 +352,8 @@ class AnthropicFlavor:
         """Emulated seconds since start (wall seconds x `time_scale`)."""
         return (time.monotonic() - self._t0) * self.serving.config.time_scale
 
-    async def _sleep(self, emulated_s: float) -> None:
+    async def sleep(self, emulated_s: float) -> None:
+        """Wait `emulated_s` emulated seconds."""
         if emulated_s > 0:
             await asyncio.sleep(emulated_s / self.serving.config.time_scale)
 
@@ -398,9 +400,9 @@ class AnthropicFlavor:
                 headers=headers,
             )
         try:
-            await self._sleep(self.latency.first_token_s(cached))
+            await self.sleep(self.latency.first_token_s(cached))
             self.cache.commit(cached, now=self.now())
-            await self._sleep(plan.num_tokens / self.latency.output_tps)
+            await self.sleep(plan.num_tokens / self.latency.output_tps)
         finally:
             self.serving.settle(admission, plan.num_tokens)
         self.stats.add(cached, plan.num_tokens)
@@ -414,7 +416,7 @@ class AnthropicFlavor:
             "type": "message",
             "role": "assistant",
             "model": parsed.model,
-            "content": _content(plan),
+            "content": content_blocks(plan),
             "stop_reason": _STOP.get(plan.finish_reason, "end_turn"),
             "stop_sequence": None,
             "usage": cached.usage(plan.num_tokens),
@@ -437,12 +439,12 @@ class AnthropicFlavor:
     async def _stream_events(
         self, msg_id: str, parsed: _Parsed, plan: Plan, cached: CachePlan
     ) -> AsyncIterator[bytes]:
-        await self._sleep(self.latency.first_token_s(cached))
+        await self.sleep(self.latency.first_token_s(cached))
         self.cache.commit(cached, now=self.now())
         start = self._message(msg_id, parsed, plan, cached)
         start.update(content=[], stop_reason=None, usage=cached.usage(1))
         yield _sse("message_start", {"type": "message_start", "message": start})
-        content = _content(plan)
+        content = content_blocks(plan)
         events = [_block_events(block) for block in content]
         n_deltas = sum(len(deltas) for _, deltas in events)
         pace = plan.num_tokens / self.latency.output_tps / max(1, n_deltas)
@@ -452,7 +454,7 @@ class AnthropicFlavor:
                 {"type": "content_block_start", "index": index, "content_block": opening},
             )
             for delta in deltas:
-                await self._sleep(pace)
+                await self.sleep(pace)
                 yield _sse(
                     "content_block_delta",
                     {"type": "content_block_delta", "index": index, "delta": delta},

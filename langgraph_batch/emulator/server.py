@@ -31,7 +31,7 @@ try:
 except ImportError:  # the optional `emulator` extra
     raise missing_extra("emulator", "the emulator needs starlette and uvicorn") from None
 
-from langgraph_batch.emulator import _anthropic_api, _batch_api, _openai_api, sglang
+from langgraph_batch.emulator import _anthropic_api, _batch_api, _bedrock_api, _openai_api, sglang
 from langgraph_batch.emulator._http import RequestError
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.config import EmulatorConfig
@@ -102,6 +102,8 @@ class EmulatorServer:
         if config.hosted == "anthropic":
             self.anthropic = _anthropic_api.AnthropicFlavor(serving=self.serving)
             routes += _anthropic_api.routes(self.anthropic)
+            # Bedrock's Converse API serves Claude with the same cache (`_bedrock_api`).
+            routes += _bedrock_api.routes(self.anthropic)
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
     @property
