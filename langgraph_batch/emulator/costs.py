@@ -100,8 +100,8 @@ _QWEN25_7B_OVER_LLAMA3_8B = (233.0 * 28) / (218.1 * 32)
 # grows ~0.60 s per queued 2547-token prompt, i.e. ~4.2k prompt tokens/s.
 # vLLM 0.26.0 on one H100 80GB (bf16 Llama-3-8B shape, random weights, CUDA
 # graphs, FlashAttention 3, chunked prefill 8192, prefix caching), measured
-# end to end through HTTP: /work/shared/calibration/h100_vllm026_llama3_8b_measured.md
-# and vllm026_h100/calib_vllm.json. Fitted (minimax relative error, in
+# end to end through HTTP: benchmarks/results/calibration/h100_vllm026_llama3_8b_measured.md
+# and vllm026_h100/calib_vllm.json there. Fitted (minimax relative error, in
 # virtual time through `engine.simulate` with the measured request path
 # modelled; tests/unit/emulator/test_fidelity.py reproduces every figure) to:
 # - decode with long contexts, B requests on one cached prefix, ms per step:

@@ -30,8 +30,8 @@ def _ids(n: int, tag: object) -> list[int]:
 
 # --- H100 + Llama-3-8B: vLLM 0.26.0 measured end to end ---------------------------
 #
-# /work/shared/calibration/h100_vllm026_llama3_8b_measured.md (and the JSON in
-# vllm026_h100/): one H100 80GB, bf16 Llama-3-8B shape with random weights,
+# benchmarks/results/calibration/h100_vllm026_llama3_8b_measured.md (and the JSON in
+# vllm026_h100/ there): one H100 80GB, bf16 Llama-3-8B shape with random weights,
 # output lengths forced, measured through HTTP by a Python client on the same
 # machine. Each figure below is that file's; where it gives two runs, their
 # mean. The engine runs in virtual time; what the measurement adds on top of
