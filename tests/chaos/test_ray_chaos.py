@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langgraph.graph import START, StateGraph
-from typing_extensions import TypedDict
 
 from langgraph_batch import SiblingError, fan_out
 from langgraph_batch.distributed import RayExecutor, RemoteEvent
+from tests.fakes.fan_out import parent_graph
 from tests.integration.distributed.conftest import REPO
 from tests.integration.distributed.ray_cluster import RayCluster
 
@@ -65,11 +64,6 @@ class Counting:
             if event.kind != "started":
                 self.outcomes[event.index] += 1
             yield event
-
-
-class Parent(TypedDict, total=False):
-    jobs: list[dict[str, Any]]
-    out: list[Any]
 
 
 def _counts(log: Path) -> dict[str, collections.Counter[int]]:
@@ -111,10 +105,7 @@ async def test_ray_node_killed_mid_run(ray_cluster: RayCluster, tmp_path: Path) 
         result=lambda final: final["y"],
         executor=(counting := Counting(ex)),
     )
-    b = StateGraph(Parent)
-    b.add_node("fan", node)
-    b.add_edge(START, "fan")
-    graph = b.compile()
+    graph = parent_graph(node)
     jobs = [{"x": i, "sleep": 0.5 + (i % 5) * 0.4} for i in range(N)]
     figures: dict[str, Any] = dict.fromkeys(
         ("lost", "silently_wrong", "hung", "leaked", "duplicated", "failed"), 0

@@ -24,13 +24,10 @@ from typing import Any, TypedDict
 
 import pytest
 
+from tests.fakes.fan_out import parent_graph
+
 N_SIBLINGS = 8
 FINISH_FIRST = 5  # siblings 0..4 finish in the first run; 5..7 block until killed
-
-
-class Parent(TypedDict, total=False):
-    xs: list[int]
-    out: list[Any]
 
 
 class Sub(TypedDict, total=False):
@@ -73,10 +70,7 @@ def build_graph(mode: str, side: Path, checkpointer: Any, *, sync: bool = False)
         make_input=lambda x, i: {"x": x},
         result=lambda final: final["y"],
     )
-    b = StateGraph(Parent)
-    b.add_node("fan", node)
-    b.add_edge(START, "fan")
-    return b.compile(checkpointer=checkpointer)
+    return parent_graph(node, checkpointer=checkpointer)
 
 
 def script_sync(mode: str, db: str, side: Path) -> None:

@@ -21,6 +21,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.runtime import RunControl
 
 from langgraph_batch import BatchedChatModel, fan_out
+from tests.fakes.fan_out import parent_graph
 
 N = 8
 TURNS = 2
@@ -29,11 +30,6 @@ TURNS = 2
 class Sib(TypedDict, total=False):
     x: int
     turns: int
-
-
-class Parent(TypedDict, total=False):
-    xs: list[dict[str, Any]]
-    out: list[Any]
 
 
 def build(llm: BatchedChatModel, calls: list[int], first_done: asyncio.Event) -> Any:
@@ -49,10 +45,7 @@ def build(llm: BatchedChatModel, calls: list[int], first_done: asyncio.Event) ->
     sib.add_edge(START, "turn")
     sib.add_conditional_edges("turn", lambda s: "turn" if s["turns"] < TURNS else "__end__")
     node = fan_out(sib.compile(), items="xs", into="out", max_active=2)
-    parent = StateGraph(Parent)
-    parent.add_node("fan", node)
-    parent.add_edge(START, "fan")
-    return parent.compile(checkpointer=InMemorySaver())
+    return parent_graph(node, checkpointer=InMemorySaver())
 
 
 async def test_a_drained_fan_out_keeps_finished_siblings_and_leaves_nothing_behind(

@@ -22,7 +22,8 @@ from langgraph_batch.tools import (
     coalescing,
     tool_stats,
 )
-from tests.unit._tools_fakes import ScriptedToolModel, ask, react_graph, tool_messages
+from tests.fakes.chat_models import ScriptedToolModel, ask
+from tests.fakes.fan_out import react_graph, tool_messages
 
 
 class Parent(TypedDict, total=False):

@@ -33,7 +33,7 @@ class TestBatchedChatModelUnit(ChatModelUnitTests):
         reason=(
             "langchain-core's load(allowed_objects='all') admits only the classes in its "
             "own mapping, never a third-party one; BatchedChatModel round-trips with "
-            "allowed_objects=[BatchedChatModel] (tests/unit/test_chat_model_habits.py)"
+            "allowed_objects=[BatchedChatModel] (tests/unit/chat_model/test_habits.py)"
         ),
         strict=True,
     )

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from langgraph_batch import _observe, metrics
 from langgraph_batch.errors import BackendBadRequestError, BackendServerError
 from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
-from tests.unit.scheduler._fakes import GatedBackend, InstantBackend, request
+from tests.fakes.backends import GatedBackend, InstantBackend, request
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ sys.modules["opentelemetry"] = None
 import asyncio
 from langgraph_batch import _tracing
 from langgraph_batch.scheduler import Scheduler
-from tests.unit.scheduler._fakes import InstantBackend, request
+from tests.fakes.backends import InstantBackend, request
 
 async def go():
     async with Scheduler(InstantBackend()) as s:

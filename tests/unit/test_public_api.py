@@ -134,7 +134,7 @@ def test_deprecated_names_of_the_in_flight_limit_and_the_registry_lookup() -> No
     import dataclasses
 
     from langgraph_batch.scheduler import BatchPolicy, Scheduler, find_scheduler, registry
-    from tests.unit.scheduler._fakes import InstantBackend
+    from tests.fakes.backends import InstantBackend
 
     with pytest.warns(DeprecationWarning, match="inflight_limit"):
         old = BatchPolicy(max_inflight=7, priority="fifo")

@@ -25,14 +25,14 @@ from langgraph_batch._heartbeat import current_heartbeat, held
 from langgraph_batch.backends.base import ChatRequest, ChatResponse
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.nodes import fan_out
-from tests.unit._chat_fakes import FakeBackend
+from tests.fakes.backends import ScriptedBackend
 
 IN_FLIGHT_S = 0.3
 IDLE = TimeoutPolicy(idle_timeout=1.5, refresh_on="heartbeat")
 N = 8
 
 
-class SlowBackend(FakeBackend):
+class SlowBackend(ScriptedBackend):
     """Every call takes `IN_FLIGHT_S` on the 'server'."""
 
     async def chat(self, request: ChatRequest, *, on_chunk: Any = None) -> ChatResponse:  # type: ignore[override]
@@ -128,7 +128,7 @@ async def test_no_heartbeat_outside_a_run_or_without_an_idle_timeout() -> None:
 
 
 async def test_agents_run_by_tasks_get_one_session_each_from_execution_info() -> None:
-    backend = FakeBackend(base_url=f"fake://{uuid.uuid4().hex}")
+    backend = ScriptedBackend(base_url=f"fake://{uuid.uuid4().hex}")
     llm = BatchedChatModel(model="m", backend=backend)
 
     class Agent(TypedDict, total=False):

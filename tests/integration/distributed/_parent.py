@@ -6,18 +6,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from langgraph.graph import START, StateGraph
-from typing_extensions import TypedDict
-
 from langgraph_batch import fan_out
 from langgraph_batch._progress import extract_fan_out_event
 from langgraph_batch.distributed import RedisExecutor
+from tests.fakes import fan_out as fakes
 from tests.integration.distributed.conftest import GRAPHS
-
-
-class Parent(TypedDict, total=False):
-    xs: list[Any]
-    out: list[Any]
 
 
 def executor(url: str, graph: str = "sleepy", **options: Any) -> RedisExecutor:
@@ -56,10 +49,7 @@ def parent_graph(
         executor=ex,
         name="fan",
     )
-    b = StateGraph(Parent)
-    b.add_node("fan", node)
-    b.add_edge(START, "fan")
-    return b.compile(checkpointer=checkpointer)
+    return fakes.parent_graph(node, checkpointer=checkpointer)
 
 
 async def run_parent(

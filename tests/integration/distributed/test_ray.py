@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, StateGraph
-from typing_extensions import TypedDict
 
 from langgraph_batch import SiblingError, fan_out
 from langgraph_batch.distributed import RayExecutor
+from tests.fakes.fan_out import parent_graph
 from tests.integration.distributed.conftest import REPO
 from tests.integration.distributed.ray_cluster import NODE_IP, RayCluster
 
@@ -45,11 +44,6 @@ def exec_log(cluster: RayCluster) -> Path:
     return cluster.exec_log
 
 
-class Parent(TypedDict, total=False):
-    jobs: list[dict[str, Any]]
-    out: list[Any]
-
-
 def parent(executor: RayExecutor, checkpointer: Any = None) -> Any:
     from tests.integration.distributed.graphs import sleepy
 
@@ -61,10 +55,7 @@ def parent(executor: RayExecutor, checkpointer: Any = None) -> Any:
         result=lambda final: (final["y"], final["pid"]),
         executor=executor,
     )
-    b = StateGraph(Parent)
-    b.add_node("fan", node)
-    b.add_edge(START, "fan")
-    return b.compile(checkpointer=checkpointer)
+    return parent_graph(node, checkpointer=checkpointer)
 
 
 def lines(log: Path) -> list[list[str]]:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.backends._fakes import Recorder
+from tests.fakes.http import Recorder
 
 
 @pytest.fixture

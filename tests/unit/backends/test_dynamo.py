@@ -17,7 +17,7 @@ from langgraph_batch.backends._dynamo_hints import (
 )
 from langgraph_batch.backends._session import session_key
 from langgraph_batch.chat_model import BatchedChatModel
-from tests.unit.backends._fakes import Recorder, completion
+from tests.fakes.http import Recorder, completion
 
 
 def make(recorder: Recorder, **kw: object) -> DynamoBackend:

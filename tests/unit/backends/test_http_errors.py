@@ -24,7 +24,7 @@ from langgraph_batch.errors import (
     ContextLengthExceededError,
     ModelNotFoundError,
 )
-from tests.unit.backends._fakes import error_body
+from tests.fakes.http import error_body
 
 URL = "http://127.0.0.1:8000/v1/chat/completions"
 

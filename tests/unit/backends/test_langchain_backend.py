@@ -24,7 +24,7 @@ from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.backends._langchain_convert import openai_to_messages
 from langgraph_batch.backends.base import ChatChunk, ChatRequest
 from langgraph_batch.errors import BackendBadRequestError, BackendError, BackendTimeoutError
-from tests.unit.backends._lc_fakes import ProviderFake, reply
+from tests.fakes.chat_models import ProviderFake, reply
 
 WEATHER = {
     "type": "function",

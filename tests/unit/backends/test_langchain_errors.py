@@ -24,7 +24,7 @@ from langgraph_batch.errors import (
     ContextLengthExceededError,
     ModelNotFoundError,
 )
-from tests.unit.backends._lc_fakes import ProviderFake, rate_limit_error
+from tests.fakes.chat_models import ProviderFake, rate_limit_error
 
 _REQUEST = httpx.Request("POST", "https://api.example.test/v1/chat/completions")
 

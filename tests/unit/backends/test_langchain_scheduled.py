@@ -32,7 +32,7 @@ from langgraph_batch import (
 )
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.tools import BatchToolNode, coalesce
-from tests.unit.backends._lc_fakes import ProviderFake, rate_limit_error, reply
+from tests.fakes.chat_models import ProviderFake, rate_limit_error, reply
 
 CITIES = ["paris", "tokyo", "lima"]
 

@@ -19,7 +19,7 @@ from langgraph_batch.errors import (
     ContextLengthExceededError,
     ModelNotFoundError,
 )
-from tests.unit.backends._fakes import (
+from tests.fakes.http import (
     BrokenStream,
     Recorder,
     chunk,

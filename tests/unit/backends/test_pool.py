@@ -42,7 +42,7 @@ class Starts:
             await self.cond.wait_for(predicate)
 
 
-class FakeBackend(Backend):
+class PoolMemberBackend(Backend):
     """Records calls; can fail to connect, block, or report metrics."""
 
     def __init__(
@@ -116,8 +116,8 @@ class Clock:
         return self.now
 
 
-def fakes(n: int, starts: Starts | None = None) -> list[FakeBackend]:
-    out = [FakeBackend(f"r{i}") for i in range(n)]
+def fakes(n: int, starts: Starts | None = None) -> list[PoolMemberBackend]:
+    out = [PoolMemberBackend(f"r{i}") for i in range(n)]
     for b in out:
         b.starts = starts
     return out
@@ -384,7 +384,7 @@ async def test_complete_batch_reroutes_a_down_replica() -> None:
 
 
 async def test_metrics_aggregate() -> None:
-    a = FakeBackend(
+    a = PoolMemberBackend(
         "a",
         metrics=EngineMetrics(
             num_requests_running=3,
@@ -400,7 +400,7 @@ async def test_metrics_aggregate() -> None:
             prefix_caching=True,
         ),
     )
-    b = FakeBackend(
+    b = PoolMemberBackend(
         "b",
         metrics=EngineMetrics(
             num_requests_running=5,
@@ -416,7 +416,7 @@ async def test_metrics_aggregate() -> None:
             prefix_caching=True,
         ),
     )
-    c = FakeBackend("c")
+    c = PoolMemberBackend("c")
     c.down = True  # an unreachable replica is left out
     m = await EndpointPool([a, b, c]).metrics()
     assert m is not None
@@ -431,7 +431,7 @@ async def test_metrics_aggregate() -> None:
     assert m.block_size == 16
     assert m.prefix_caching is True
     assert m.engines == 2  # the replicas that answered (the decode cap is learned per engine)
-    assert await EndpointPool([FakeBackend("x")]).metrics() is None
+    assert await EndpointPool([PoolMemberBackend("x")]).metrics() is None
 
 
 async def test_health_models_close_key_capabilities() -> None:
@@ -451,14 +451,16 @@ async def test_health_models_close_key_capabilities() -> None:
 
     prio = BackendCapabilities(priority=True, metrics=True, batch_completions=True, flavor="vllm")
     plain = BackendCapabilities(flavor="openai")
-    caps = EndpointPool([FakeBackend("p", caps=prio), FakeBackend("q", caps=plain)]).capabilities
+    caps = EndpointPool(
+        [PoolMemberBackend("p", caps=prio), PoolMemberBackend("q", caps=plain)]
+    ).capabilities
     assert (caps.priority, caps.metrics, caps.batch_completions, caps.flavor) == (
         False,
         True,
         False,
         "vllm",
     )
-    assert EndpointPool([FakeBackend("p", caps=prio)] * 2).capabilities.priority
+    assert EndpointPool([PoolMemberBackend("p", caps=prio)] * 2).capabilities.priority
 
 
 @pytest.mark.parametrize(
@@ -500,7 +502,7 @@ async def test_the_route_key_is_set_where_requests_are_built() -> None:
     from langgraph_batch.chat_model import BatchedChatModel
     from langgraph_batch.scheduler import Scheduler
 
-    backend = FakeBackend("a")
+    backend = PoolMemberBackend("a")
     info = SiblingInfo(group="g", index=7)
     # Scheduler.submit fills it from its sibling argument...
     async with Scheduler(backend) as scheduler:

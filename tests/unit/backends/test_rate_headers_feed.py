@@ -11,8 +11,8 @@ from langgraph_batch._rate_budget import existing_pacer, forget_pacers
 from langgraph_batch.backends import LangChainBackend, OpenAICompatibleBackend
 from langgraph_batch.backends.base import ChatRequest
 from langgraph_batch.scheduler import BatchPolicy, RateLimitPolicy, RetryPolicy, Scheduler
-from tests.unit.backends._fakes import Recorder, completion
-from tests.unit.backends._lc_fakes import USAGE, ProviderFake
+from tests.fakes.chat_models import USAGE, ProviderFake
+from tests.fakes.http import Recorder, completion
 
 LIMITS = {
     "x-ratelimit-limit-requests": "100",

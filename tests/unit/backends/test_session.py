@@ -27,7 +27,7 @@ from langgraph_batch.backends._http import credentials_hash
 from langgraph_batch.backends._session import session_key
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import BackendServerError
-from tests.unit.backends._fakes import Recorder, completion, error_body
+from tests.fakes.http import Recorder, completion, error_body
 from tests.unit.backends.test_vllm import _batch_handler, conv
 
 SYSTEM = {"role": "system", "content": "You are a careful agent."}

@@ -10,7 +10,7 @@ import pytest
 from langgraph_batch.backends import ChatRequest, SGLangBackend
 from langgraph_batch.backends.sglang import sampling_params_for_generate
 from langgraph_batch.errors import ContextLengthExceededError
-from tests.unit.backends._fakes import Recorder, completion
+from tests.fakes.http import Recorder, completion
 from tests.unit.backends.test_prometheus import SGLANG_METRICS
 
 

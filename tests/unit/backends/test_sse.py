@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from langgraph_batch.backends._sse import ChatStreamAccumulator, SSEDecoder, parse_tool_calls
-from tests.unit.backends._fakes import chunk
+from tests.fakes.http import chunk
 
 
 def test_decoder_splits_events_across_reads() -> None:

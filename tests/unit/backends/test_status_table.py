@@ -33,7 +33,7 @@ from langgraph_batch.errors import (
     ContextLengthExceededError,
     ModelNotFoundError,
 )
-from tests.unit.backends._fakes import chunk, sse
+from tests.fakes.http import chunk, sse
 
 STATUSES = (400, 401, 403, 404, 405, 408, 409, 413, 422, 429, 500, 501, 502, 503, 504, 529)
 

@@ -26,7 +26,7 @@ from langgraph_batch.errors import (
     BackendTimeoutError,
     PoolTimeoutError,
 )
-from tests.unit.backends._fakes import chunk, completion, sse
+from tests.fakes.http import chunk, completion, sse
 
 URL = "http://engine:8000/v1/chat/completions"
 

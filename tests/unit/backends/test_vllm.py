@@ -15,7 +15,7 @@ from langgraph_batch.errors import (
     ContextLengthExceededError,
     ModelNotFoundError,
 )
-from tests.unit.backends._fakes import Recorder, completion, error_body
+from tests.fakes.http import Recorder, completion, error_body
 from tests.unit.backends.test_prometheus import VLLM_METRICS
 
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -12,16 +12,12 @@ from typing_extensions import TypedDict
 from langgraph_batch import SiblingError, SiblingFailedError, fan_out
 from langgraph_batch._progress import extract_fan_out_event
 from langgraph_batch.distributed import RemoteEvent, SiblingExecutor
+from tests.fakes.fan_out import parent_graph
 
 
 class Sub(TypedDict, total=False):
     x: int
     y: int
-
-
-class Parent(TypedDict, total=False):
-    xs: list[int]
-    out: list[Any]
 
 
 def _sub() -> Any:
@@ -73,10 +69,7 @@ def _parent(ex: SiblingExecutor, **kwargs: Any) -> Any:
         name="fan",
         **kwargs,
     )
-    b = StateGraph(Parent)
-    b.add_node("fan", node)
-    b.add_edge(START, "fan")
-    return b.compile()
+    return parent_graph(node)
 
 
 async def test_results_order_errors_and_progress_with_an_executor() -> None:

@@ -220,9 +220,11 @@ class _AbsorbingScripts:
     def __init__(self) -> None:
         self.acquires = 0
         self.released: list[Any] = []
+        self.in_acquire = asyncio.Event()
 
     async def sem_acquire(self, *, keys: Any, args: Any) -> int:
         self.acquires += 1
+        self.in_acquire.set()
         with contextlib.suppress(asyncio.CancelledError):  # the lost cancellation
             await asyncio.sleep(0.01)
         return 0
@@ -260,7 +262,7 @@ async def test_a_cancelled_lease_wait_ends_even_when_a_call_absorbs_the_cancel()
             raise AssertionError("no lease was granted")
 
     waiter = asyncio.create_task(wait_for_a_lease())
-    await asyncio.sleep(0.005)  # inside the first acquire call
+    await scripts.in_acquire.wait()  # inside the first acquire call
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(waiter, 2.0)

@@ -136,19 +136,22 @@ async def test_driver_abort_is_applied_at_a_step_boundary() -> None:
     driver = RealTimeDriver(engine, time_scale=1.0)
     driver.start()
     try:
-        aborted = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        decoding, aborted = loop.create_future(), loop.create_future()
 
         def listener(req: Request) -> None:
+            if req.num_output > 0 and not decoding.done():
+                decoding.set_result(None)
             if req.status is RequestStatus.ABORTED and not aborted.done():
                 aborted.set_result(req.num_output)
 
         long = _req("long", 10_000)
         long.listener = listener
         driver.submit(long)
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(decoding, 5)  # its first token is out
         driver.abort(long)
         produced = await asyncio.wait_for(aborted, 5)
-        assert 0 <= produced < 10_000
+        assert 0 < produced < 10_000
         assert driver._last_token == {}
         assert (await driver.call(lambda: (engine.num_running, engine.counters.aborted))) == (
             0,

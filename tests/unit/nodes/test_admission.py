@@ -12,8 +12,9 @@ from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch.nodes import fan_out
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.tools import BatchToolNode
-from tests.unit.nodes.fakes import FakeQueue, ScriptedChatModel
-from tests.unit.nodes.test_fan_out import Parent, hand_built_agent
+from tests.fakes.chat_models import ScriptedChatModel
+from tests.fakes.fan_out import FakeQueue, parent_graph
+from tests.unit.nodes.test_fan_out import hand_built_agent
 
 
 def sib(i: int) -> SiblingInfo:
@@ -156,13 +157,6 @@ async def test_tool_enter_and_exit_move_the_place() -> None:
     assert gate.holds(a)
 
 
-def parent(node: Any) -> Any:
-    b = StateGraph(Parent)
-    b.add_node("fan", node)
-    b.add_edge(START, "fan")
-    return b.compile()
-
-
 def msg_input(item: Any, index: int) -> dict[str, Any]:
     return {"messages": [HumanMessage(str(item))]}
 
@@ -173,7 +167,7 @@ async def test_fan_out_caps_active_siblings() -> None:
     queue.expect_waiting = 3
     agent = hand_built_agent(ScriptedChatModel(queue=queue, tool_turns=0), [])
     node = fan_out(agent, items="xs", into="out", make_input=msg_input, max_active=3)
-    run = asyncio.create_task(parent(node).ainvoke({"xs": [f"k{i}" for i in range(12)]}))
+    run = asyncio.create_task(parent_graph(node).ainvoke({"xs": [f"k{i}" for i in range(12)]}))
     await asyncio.wait_for(queue.all_waiting.wait(), 30)
     await settle()
     assert queue.waiting == 3  # the other 9 wait at the gate, not in the model
@@ -233,7 +227,7 @@ async def test_sibling_in_a_tool_releases_its_place() -> None:
         max_active=1,
         result=lambda f: f["messages"][-1].content,
     )
-    out = await asyncio.wait_for(parent(node).ainvoke({"xs": ["a", "b"]}), 30)
+    out = await asyncio.wait_for(parent_graph(node).ainvoke({"xs": ["a", "b"]}), 30)
     assert out["out"] == ["answer(a):v:a", "answer(b):v:b"]
     assert active_in_tool == [False, False]  # no sibling holds a place while in its tool
 
@@ -263,7 +257,7 @@ async def test_started_event_reports_the_cap_and_the_schedulers_stats() -> None:
         scheduler=FakeScheduler(),
         sibling_tokens=10_000,
     )
-    async for _ns, _mode, data in parent(node).astream(
+    async for _ns, _mode, data in parent_graph(node).astream(
         {"xs": ["a", "b"]}, stream_mode=["custom"], subgraphs=True
     ):
         events.append(data)

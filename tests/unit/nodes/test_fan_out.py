@@ -14,20 +14,9 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch.errors import BackendServerError, SiblingFailedError
-from langgraph_batch.nodes import FanOutNode, SiblingError, fan_out
-from tests.unit.nodes.fakes import FakeQueue, ScriptedChatModel, number_graph
-
-
-class Parent(TypedDict, total=False):
-    xs: list[Any]
-    out: list[Any]
-
-
-def parent_graph(node: FanOutNode, *, checkpointer: Any = None) -> Any:
-    b = StateGraph(Parent)
-    b.add_node("fan", node)
-    b.add_edge(START, "fan")
-    return b.compile(checkpointer=checkpointer)
+from langgraph_batch.nodes import SiblingError, fan_out
+from tests.fakes.chat_models import ScriptedChatModel
+from tests.fakes.fan_out import FakeQueue, number_graph, parent_graph
 
 
 async def test_results_in_input_order_with_make_input_and_result() -> None:

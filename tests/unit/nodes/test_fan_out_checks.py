@@ -13,8 +13,7 @@ import pytest
 
 from langgraph_batch.nodes import FanOutNode, SiblingError, fan_out
 from langgraph_batch.nodes._spec import FanOutSpec
-from tests.unit.nodes.fakes import number_graph
-from tests.unit.nodes.test_fan_out import parent_graph
+from tests.fakes.fan_out import number_graph, parent_graph
 
 
 class NotAScheduler:
@@ -133,7 +132,7 @@ async def test_every_sibling_failure_logs_a_warning_without_the_message(
 
     from langgraph.graph import START, StateGraph
 
-    from tests.unit.nodes.fakes import NumState
+    from tests.fakes.fan_out import NumState
 
     b = StateGraph(NumState)
     b.add_node("explode", explode)

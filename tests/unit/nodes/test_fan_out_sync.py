@@ -15,8 +15,7 @@ from langgraph.graph import START, StateGraph
 from langgraph_batch._context import current_sibling
 from langgraph_batch.nodes import SiblingError, fan_out
 from langgraph_batch.nodes.fan_out import SyncUnsupportedError
-from tests.unit.nodes.fakes import number_graph
-from tests.unit.nodes.test_fan_out import parent_graph
+from tests.fakes.fan_out import number_graph, parent_graph
 
 
 def test_sync_invoke_collects_results_in_order_and_isolates_failures() -> None:

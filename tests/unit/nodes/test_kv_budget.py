@@ -409,7 +409,8 @@ def test_a_gate_in_another_loop_is_woken_in_its_own_loop() -> None:
             waiting = asyncio.create_task(
                 there.acquire(SiblingInfo(group="h", index=0), returning=False)
             )
-            await asyncio.sleep(0.01)
+            while there.stats().waiting_fresh == 0:  # until it waits for room
+                await asyncio.sleep(0)
             started.set()
             await asyncio.wait_for(waiting, 10)
             admitted.set()

@@ -21,7 +21,7 @@ from langgraph_batch.emulator.metrics import render_metrics
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler._capacity import KVLedger
-from tests.unit.scheduler._fakes import MetricsBackend
+from tests.fakes.backends import MetricsBackend
 
 
 def _detected(**config: object) -> int | None:

@@ -16,8 +16,7 @@ from langgraph_batch._progress import (
     render_progress,
 )
 from langgraph_batch.nodes import fan_out
-from tests.unit.nodes.fakes import number_graph
-from tests.unit.nodes.test_fan_out import Parent
+from tests.fakes.fan_out import Parent, number_graph, parent_graph
 
 
 def graph(fail_on: set[int] | None = None) -> Any:
@@ -29,10 +28,7 @@ def graph(fail_on: set[int] | None = None) -> Any:
         result=lambda f: f["y"],
         name="review",
     )
-    b = StateGraph(Parent)
-    b.add_node("review", node)
-    b.add_edge(START, "review")
-    return b.compile()
+    return parent_graph(node, name="review")
 
 
 async def test_progress_events_reach_the_custom_stream_with_subgraphs() -> None:

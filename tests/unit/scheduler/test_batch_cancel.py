@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from langgraph_batch.backends.base import ChatRequest, ChatResponse
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
-from tests.unit.scheduler._fakes import BatchBackend, request
+from tests.fakes.backends import BatchBackend, request
 
 
 class AbortableBatches(BatchBackend):

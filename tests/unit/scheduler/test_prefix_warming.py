@@ -26,7 +26,7 @@ from langgraph_batch.scheduler._item import (
 )
 from langgraph_batch.scheduler._policy import BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
-from tests.unit.scheduler._fakes import response
+from tests.fakes.backends import response
 
 
 def core(*, warming: bool = True, **kw: object) -> BatchPolicyCore:

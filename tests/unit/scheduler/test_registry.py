@@ -18,7 +18,7 @@ from langgraph_batch.scheduler import (
     registry,
     scheduler_for,
 )
-from tests.unit.scheduler._fakes import InstantBackend, request
+from tests.fakes.backends import InstantBackend, request
 
 
 @pytest.fixture(autouse=True)

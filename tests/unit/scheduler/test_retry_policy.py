@@ -19,7 +19,7 @@ from langgraph_batch.errors import (
     SchedulerClosedError,
 )
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
-from tests.unit.scheduler._fakes import request, response
+from tests.fakes.backends import request, response
 
 FAST = {"initial_interval": 0.0, "max_interval": 0.0}
 

@@ -28,7 +28,7 @@ from langgraph_batch.scheduler import (
     SchedulerState,
     SchedulerStats,
 )
-from tests.unit.scheduler._fakes import (
+from tests.fakes.backends import (
     BatchBackend,
     GatedBackend,
     InstantBackend,
@@ -619,7 +619,7 @@ async def test_decode_cap_rounds_up_for_what_a_fan_out_run_has_left() -> None:
 
 async def test_the_scheduler_owns_the_servers_kv_capacity() -> None:
     from langgraph_batch.errors import BackendConnectionError
-    from tests.unit.scheduler._fakes import MetricsBackend
+    from tests.fakes.backends import MetricsBackend
 
     # Not polled yet: one metrics call answers, then the polled sample does.
     backend = MetricsBackend(EngineMetrics(kv_capacity_tokens=40_000), open_gate=True)
@@ -638,7 +638,7 @@ async def test_the_scheduler_owns_the_servers_kv_capacity() -> None:
 
 
 async def test_the_scheduler_owns_one_kv_ledger_for_every_run() -> None:
-    from tests.unit.scheduler._fakes import MetricsBackend
+    from tests.fakes.backends import MetricsBackend
 
     scheduler = Scheduler(MetricsBackend(EngineMetrics(kv_capacity_tokens=40_000), open_gate=True))
     first, again = await asyncio.gather(scheduler.kv_ledger(), scheduler.kv_ledger())

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from langgraph_batch.backends.base import ChatRequest
 from langgraph_batch.chat_model import BatchedChatModel
-from tests.unit._chat_fakes import FakeBackend, Reply
+from tests.fakes.backends import Reply, ScriptedBackend
 
 
 class Verdict(BaseModel):
@@ -39,8 +39,8 @@ def answer_by_method(request: ChatRequest) -> Reply:
     return Reply(content=json.dumps(ANSWER))
 
 
-def make(script: Any = answer_by_method) -> tuple[BatchedChatModel, FakeBackend]:
-    backend = FakeBackend(script, base_url=f"fake://{uuid.uuid4().hex}")
+def make(script: Any = answer_by_method) -> tuple[BatchedChatModel, ScriptedBackend]:
+    backend = ScriptedBackend(script, base_url=f"fake://{uuid.uuid4().hex}")
     return BatchedChatModel(model="m", backend=backend), backend
 
 

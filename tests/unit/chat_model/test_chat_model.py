@@ -14,11 +14,13 @@ from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch.backends.base import ChatRequest
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import BackendBadRequestError
-from tests.unit._chat_fakes import FakeBackend, Reply
+from tests.fakes.backends import Reply, ScriptedBackend
 
 
-def make(backend: FakeBackend | None = None, **kw: Any) -> tuple[BatchedChatModel, FakeBackend]:
-    backend = backend or FakeBackend(base_url=f"fake://{uuid.uuid4().hex}")
+def make(
+    backend: ScriptedBackend | None = None, **kw: Any
+) -> tuple[BatchedChatModel, ScriptedBackend]:
+    backend = backend or ScriptedBackend(base_url=f"fake://{uuid.uuid4().hex}")
     return BatchedChatModel(model="m", backend=backend, **kw), backend
 
 
@@ -155,7 +157,7 @@ async def test_a_scheduler_name_cannot_carry_another_models_credentials() -> Non
 
 
 def test_default_policy_caps_at_256_and_starts_at_64() -> None:
-    llm = BatchedChatModel(model="m", backend=FakeBackend(base_url="fake://default-policy"))
+    llm = BatchedChatModel(model="m", backend=ScriptedBackend(base_url="fake://default-policy"))
     assert llm.max_inflight == 256
     policy = llm.default_policy()
     assert (policy.hard_cap, policy.initial_inflight, policy.inflight_limit) == (256, 64, 256)
@@ -165,7 +167,7 @@ def test_default_policy_caps_at_256_and_starts_at_64() -> None:
 async def test_named_and_explicit_schedulers() -> None:
     from langgraph_batch.scheduler import Scheduler
 
-    backend = FakeBackend(base_url=f"fake://{uuid.uuid4().hex}")
+    backend = ScriptedBackend(base_url=f"fake://{uuid.uuid4().hex}")
     named = BatchedChatModel(model="m", backend=backend, scheduler="my-sched", max_inflight=4)
     assert named.scheduler_key == "my-sched"
     sched = named.get_scheduler()
@@ -176,7 +178,7 @@ async def test_named_and_explicit_schedulers() -> None:
     assert sched.policy.hard_cap == 4
     assert sched.policy.initial_inflight == 4
     await sched.aclose()
-    async with Scheduler(FakeBackend(base_url="fake://explicit")) as explicit:
+    async with Scheduler(ScriptedBackend(base_url="fake://explicit")) as explicit:
         llm = BatchedChatModel(model="m", scheduler=explicit)
         assert llm.get_scheduler() is explicit
         assert (await llm.ainvoke("hi")).content == "hello world"
@@ -297,7 +299,9 @@ async def test_turn_from_history_and_sibling(monkeypatch: pytest.MonkeyPatch) ->
 
 async def test_failed_call_does_not_advance_turn() -> None:
     llm, _ = make(
-        backend=FakeBackend(lambda r: Reply(error=BackendBadRequestError("nope", status_code=400)))
+        backend=ScriptedBackend(
+            lambda r: Reply(error=BackendBadRequestError("nope", status_code=400))
+        )
     )
     info = SiblingInfo(group="g", index=0)
     with sibling_scope(info), pytest.raises(BackendBadRequestError, match="nope"):
@@ -332,7 +336,7 @@ async def test_bind_tools_tool_choice_and_passthrough() -> None:
 
 
 async def test_tool_calls_and_malformed_arguments_returned_like_chat_openai() -> None:
-    backend = FakeBackend(
+    backend = ScriptedBackend(
         lambda r: Reply(tool_calls=[("search", '{"query": "x"}'), ("search", "{not json")])
     )
     llm, _ = make(backend, invalid_tool_calls="return")
@@ -354,7 +358,7 @@ async def test_agent_answers_invalid_tool_call_with_error_message() -> None:
         return Reply(tool_calls=[("search", "not json at all")])
 
     llm, backend = make(
-        FakeBackend(script, base_url=f"fake://{uuid.uuid4().hex}"), invalid_tool_calls="return"
+        ScriptedBackend(script, base_url=f"fake://{uuid.uuid4().hex}"), invalid_tool_calls="return"
     )
     agent = create_agent(llm, tools=[search])
     # The malformed call ends the turn (no valid call to run) without an exception.
@@ -377,7 +381,7 @@ async def test_agent_answers_invalid_tool_call_with_error_message() -> None:
 
 
 async def test_astream_text_tool_chunks_and_last_chunk() -> None:
-    backend = FakeBackend(
+    backend = ScriptedBackend(
         lambda r: Reply(content="one two three", tool_calls=[("search", '{"query": "abc"}')])
     )
     llm, _ = make(backend)
@@ -411,7 +415,7 @@ async def test_streaming_true_routes_invoke_through_stream() -> None:
 
 
 async def test_stream_error_propagates() -> None:
-    backend = FakeBackend(
+    backend = ScriptedBackend(
         lambda r: Reply(
             content="partial answer", error=BackendBadRequestError("bad", status_code=400)
         )
@@ -430,7 +434,7 @@ async def test_stream_error_propagates() -> None:
 
 async def test_cancelling_the_stream_consumer_cancels_the_call() -> None:
     gate = asyncio.Event()
-    backend = FakeBackend(lambda r: Reply(content="a b"), gate=gate)
+    backend = ScriptedBackend(lambda r: Reply(content="a b"), gate=gate)
     llm, _ = make(backend)
     first = asyncio.Event()
 
@@ -450,7 +454,7 @@ async def test_cancelling_the_stream_consumer_cancels_the_call() -> None:
 
 async def test_closing_the_stream_early_cancels_the_call() -> None:
     gate = asyncio.Event()
-    backend = FakeBackend(lambda r: Reply(content="a b c"), gate=gate)
+    backend = ScriptedBackend(lambda r: Reply(content="a b c"), gate=gate)
     llm, _ = make(backend)
     stream = llm.astream("q")
     async for _ in stream:
@@ -470,7 +474,7 @@ async def test_a_consumer_that_leaves_as_the_call_fails_leaves_no_unread_error()
     # failed left the call's task with an error nobody read ("Task exception was
     # never retrieved", which the test runner raises).
     error = BackendBadRequestError("bad", status_code=400)
-    backend = FakeBackend(lambda r: Reply(content="a b c", error=error))
+    backend = ScriptedBackend(lambda r: Reply(content="a b c", error=error))
     llm, _ = make(backend)
     loop = asyncio.get_running_loop()
     reported: list[dict[str, Any]] = []
@@ -498,7 +502,7 @@ async def test_a_consumer_that_leaves_as_the_call_fails_leaves_no_unread_error()
 
 async def test_concurrent_calls_respect_max_inflight() -> None:
     gate = asyncio.Event()
-    backend = FakeBackend(gate=gate, base_url=f"fake://{uuid.uuid4().hex}")
+    backend = ScriptedBackend(gate=gate, base_url=f"fake://{uuid.uuid4().hex}")
     llm = BatchedChatModel(model="m", backend=backend, max_inflight=2)
     tasks = [asyncio.create_task(llm.ainvoke(f"q{i}")) for i in range(6)]
     await backend.started.wait()

@@ -28,7 +28,7 @@ from langgraph_batch.tools import (
 )
 from langgraph_batch.tools._hooks import coalesced_call, in_tool_call
 from langgraph_batch.tools._policy import forget_run
-from tests.unit._tools_fakes import RecordingAdmission
+from tests.fakes.fan_out import RecordingAdmission
 
 
 @tool

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from langgraph_batch import BatchedChatModel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,7 @@ def test_dumps_and_loads_keep_settings_and_never_write_the_key() -> None:
 async def test_a_backend_that_cannot_count_gives_the_estimate(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from tests.unit.scheduler._fakes import InstantBackend
+    from tests.fakes.backends import InstantBackend
 
     llm = BatchedChatModel(model="m", backend=InstantBackend())
     with caplog.at_level("WARNING", logger="langgraph_batch.chat_model"):

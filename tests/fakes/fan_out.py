@@ -1,21 +1,22 @@
-"""Fake chat models and helpers for fan_out unit tests (no network)."""
+"""Fakes and graphs for fan_out tests: a fake queue and admission, small subgraphs,
+and `parent_graph`, the one-node parent graph every fan_out test runs.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import operator
-from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
 
-from langgraph_batch._context import current_sibling
+from langgraph_batch._context import SiblingInfo, current_sibling
+from tests.fakes.chat_models import ScriptedToolModel
 
 
 class FakeQueue:
@@ -49,62 +50,6 @@ class FakeQueue:
             await self.gate.wait()
         finally:
             self.waiting -= 1
-
-
-class ScriptedChatModel(BaseChatModel):
-    """Agent-like fake: asks for `lookup(key=<last user text>)` once, then answers.
-
-    A user message containing "boom" makes the model raise.
-    """
-
-    queue: Any = None
-    tool_turns: int = 1
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted-fake"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        raise NotImplementedError("async only")
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        if self.queue is not None:
-            await self.queue.submit()
-        sib = current_sibling()
-        if sib is not None:
-            sib.turn += 1
-        user = next(m for m in reversed(messages) if isinstance(m, HumanMessage))
-        text = str(user.content)
-        if "boom" in text:
-            raise ValueError(f"model exploded on {text!r}")
-        tool_results = [m for m in messages if isinstance(m, ToolMessage)]
-        if len(tool_results) < self.tool_turns:
-            msg = AIMessage(
-                content="",
-                tool_calls=[
-                    {"name": "lookup", "args": {"key": text}, "id": f"call_{len(tool_results)}"}
-                ],
-            )
-        else:
-            msg = AIMessage(
-                content=f"answer({text}):" + ",".join(str(t.content) for t in tool_results)
-            )
-        return ChatResult(generations=[ChatGeneration(message=msg)])
 
 
 class NumState(TypedDict, total=False):
@@ -144,3 +89,67 @@ def number_graph(fail_on: set[int] | None = None) -> Any:
     b.add_edge(START, "times_ten")
     b.add_edge("times_ten", "plus_one")
     return b.compile(name="numbers")
+
+
+def react_graph(tool_node: Any, model: BaseChatModel | None = None) -> Any:
+    """agent -> tools -> agent loop built by hand around `tool_node`."""
+    llm = model or ScriptedToolModel()
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await llm.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", tool_node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition, ["tools", END])
+    builder.add_edge("tools", "agent")
+    return builder.compile()
+
+
+class RecordingAdmission:
+    """Admission fake: records every release/acquire in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, bool | None]] = []
+
+    async def acquire(self, sibling: SiblingInfo, *, returning: bool) -> None:
+        self.events.append(("acquire", sibling.index, returning))
+
+    def release(self, sibling: SiblingInfo) -> None:
+        self.events.append(("release", sibling.index, None))
+
+    def context_changed(self, sibling: SiblingInfo) -> None:
+        pass
+
+
+def tool_messages(result: dict[str, Any]) -> list[ToolMessage]:
+    return [m for m in result["messages"] if isinstance(m, ToolMessage)]
+
+
+def tool_call_ids(result: dict[str, Any]) -> list[str]:
+    return [
+        str(c["id"]) for m in result["messages"] if isinstance(m, AIMessage) for c in m.tool_calls
+    ]
+
+
+class Parent(TypedDict, total=False):
+    """The parent state of most fan_out tests: items in `xs` (or `jobs`), results in `out`."""
+
+    xs: list[Any]
+    jobs: list[Any]
+    out: list[Any]
+
+
+def parent_graph(
+    node: Any, state: Any = Parent, *, checkpointer: Any = None, name: str = "fan"
+) -> Any:
+    """The parent graph of a fan_out test: START -> `node` (named `name`) -> END.
+
+    `state` is the parent's state schema (by default `Parent`); `checkpointer`
+    compiles it with one, for resume tests.
+    """
+    builder = StateGraph(state)
+    builder.add_node(name, node)
+    builder.add_edge(START, name)
+    return builder.compile(checkpointer=checkpointer)

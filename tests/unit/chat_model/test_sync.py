@@ -14,11 +14,11 @@ from langgraph_batch._context import SiblingInfo, sibling_scope
 from langgraph_batch._loop import BackgroundLoop, background_loop
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import BackendBadRequestError
-from tests.unit._chat_fakes import FakeBackend, Reply
+from tests.fakes.backends import Reply, ScriptedBackend
 
 
-def make(**kw: object) -> tuple[BatchedChatModel, FakeBackend]:
-    backend = FakeBackend(base_url=f"fake://{uuid.uuid4().hex}")
+def make(**kw: object) -> tuple[BatchedChatModel, ScriptedBackend]:
+    backend = ScriptedBackend(base_url=f"fake://{uuid.uuid4().hex}")
     return BatchedChatModel(model="m", backend=backend, **kw), backend  # type: ignore[arg-type]
 
 
@@ -63,7 +63,7 @@ def test_sync_stream_and_streaming_invoke() -> None:
 
 def test_closing_a_sync_stream_cancels_the_call() -> None:
     gate = asyncio.Event()  # never set: the call stays open until cancelled
-    backend = FakeBackend(
+    backend = ScriptedBackend(
         lambda r: Reply(content="a b c"), base_url=f"fake://{uuid.uuid4().hex}", gate=gate
     )
     llm = BatchedChatModel(model="m", backend=backend)
@@ -75,7 +75,7 @@ def test_closing_a_sync_stream_cancels_the_call() -> None:
 
 
 def test_sync_errors_propagate() -> None:
-    backend = FakeBackend(
+    backend = ScriptedBackend(
         lambda r: Reply(error=BackendBadRequestError("refused", status_code=400)),
         base_url=f"fake://{uuid.uuid4().hex}",
     )

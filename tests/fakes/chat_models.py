@@ -1,14 +1,19 @@
-"""A scripted LangChain chat model standing in for a cloud provider (no network).
+"""Fake LangChain chat models (no network).
 
-`ProviderFake(script=...)` answers each call with `script(messages, kwargs)`:
-an `AIMessage` (returned, or streamed as word and tool-call fragments) or an
-exception (raised, as a provider SDK would). Every call is recorded with the
-kwargs that reached `_agenerate`/`_astream`, so tests see what was bound.
+- `ProviderFake(script=...)`: stands in for a cloud provider's model; each call
+  answers with `script(messages, kwargs)` (an `AIMessage`, returned or streamed
+  as fragments, or an exception raised as a provider SDK would) and is recorded
+  with the kwargs that reached `_agenerate`/`_astream`.
+- `ScriptedChatModel`: an agent that asks for `lookup(key=<last user text>)`
+  `tool_turns` times, then answers; "boom" in the user text makes it raise.
+- `ScriptedToolModel`: calls the tools listed (as JSON, see `ask`) in the human
+  message, then answers with their results joined.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -20,12 +25,20 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from pydantic import Field, SecretStr
+
+from langgraph_batch._context import current_sibling
 
 Script = Callable[[list[BaseMessage], dict[str, Any]], AIMessage | BaseException]
 
@@ -170,3 +183,118 @@ class ProviderFake(BaseChatModel):
                 chunk_position="last",
             )
         )
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Agent-like fake: asks for `lookup(key=<last user text>)` once, then answers.
+
+    A user message containing "boom" makes the model raise.
+    """
+
+    queue: Any = None
+    tool_turns: int = 1
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted-fake"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        return self
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        raise NotImplementedError("async only")
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.queue is not None:
+            await self.queue.submit()
+        sib = current_sibling()
+        if sib is not None:
+            sib.turn += 1
+        user = next(m for m in reversed(messages) if isinstance(m, HumanMessage))
+        text = str(user.content)
+        if "boom" in text:
+            raise ValueError(f"model exploded on {text!r}")
+        tool_results = [m for m in messages if isinstance(m, ToolMessage)]
+        if len(tool_results) < self.tool_turns:
+            msg = AIMessage(
+                content="",
+                tool_calls=[
+                    {"name": "lookup", "args": {"key": text}, "id": f"call_{len(tool_results)}"}
+                ],
+            )
+        else:
+            msg = AIMessage(
+                content=f"answer({text}):" + ",".join(str(t.content) for t in tool_results)
+            )
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+
+_IDS = itertools.count()
+
+
+def ask(*calls: tuple[str, dict[str, Any]]) -> dict[str, list[BaseMessage]]:
+    """Graph input whose human message tells the scripted model which tools to call."""
+    body = json.dumps([{"name": name, "args": args} for name, args in calls])
+    return {"messages": [HumanMessage(body)]}
+
+
+class ScriptedToolModel(BaseChatModel):
+    """First turn: the tool calls listed (as JSON) in the human message, each with a
+    fresh id; after tool results: a final answer joining their contents."""
+
+    def _respond(self, messages: list[BaseMessage]) -> ChatResult:
+        if isinstance(messages[-1], ToolMessage):
+            results = [m for m in messages if isinstance(m, ToolMessage)]
+            text = "|".join(str(m.content) for m in results)
+            message = AIMessage(content=f"final:{text}")
+        else:
+            human = next(m for m in messages if isinstance(m, HumanMessage))
+            spec = json.loads(str(human.content))
+            calls = [
+                {
+                    "name": c["name"],
+                    "args": c["args"],
+                    "id": f"call_{next(_IDS)}",
+                    "type": "tool_call",
+                }
+                for c in spec
+            ]
+            message = AIMessage(content="", tool_calls=calls)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return self._respond(messages)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return self._respond(messages)
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, BaseMessage]:
+        return self
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted-tool-model"

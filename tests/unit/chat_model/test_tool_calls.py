@@ -18,7 +18,7 @@ from langgraph_batch.backends.base import ChatRequest, ToolCall
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import MalformedToolCallError
 from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
-from tests.unit._chat_fakes import FakeBackend, Reply
+from tests.fakes.backends import Reply, ScriptedBackend
 
 FAST = BatchPolicy(retry=RetryPolicy(initial_interval=0.001, max_interval=0.001))
 
@@ -29,8 +29,8 @@ def lookup(key: str, limit: int = 3, mode: Literal["fast", "exact"] = "fast") ->
     return key
 
 
-def make(script: Any, **kw: Any) -> tuple[BatchedChatModel, FakeBackend]:
-    backend = FakeBackend(script, base_url=f"fake://{uuid.uuid4().hex}")
+def make(script: Any, **kw: Any) -> tuple[BatchedChatModel, ScriptedBackend]:
+    backend = ScriptedBackend(script, base_url=f"fake://{uuid.uuid4().hex}")
     llm = BatchedChatModel(model="m", backend=backend, policy=FAST, **kw)
     return llm, backend
 

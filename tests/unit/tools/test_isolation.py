@@ -27,7 +27,8 @@ from langgraph.types import Send
 import langgraph_batch.tools._policy as policy_module
 from langgraph_batch.nodes.fan_out import fan_out
 from langgraph_batch.tools import BatchToolNode, coalesce, coalesce_policy
-from tests.unit._tools_fakes import ask, react_graph, tool_messages
+from tests.fakes.chat_models import ask
+from tests.fakes.fan_out import react_graph, tool_messages
 
 
 class UserTool:

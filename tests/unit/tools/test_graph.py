@@ -24,14 +24,8 @@ from langgraph_batch.tools import (
     coalescing,
     tool_stats,
 )
-from tests.unit._tools_fakes import (
-    RecordingAdmission,
-    ScriptedToolModel,
-    ask,
-    react_graph,
-    tool_call_ids,
-    tool_messages,
-)
+from tests.fakes.chat_models import ScriptedToolModel, ask
+from tests.fakes.fan_out import RecordingAdmission, react_graph, tool_call_ids, tool_messages
 
 CITIES = ["paris", "tokyo", "lima"]
 
