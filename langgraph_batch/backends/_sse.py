@@ -18,8 +18,8 @@ __all__ = (
     "ChatStreamAccumulator",
     "SSEDecoder",
     "parse_logprobs",
-    "parse_tool_calls",
     "parse_usage",
+    "tool_calls_from_wire",
 )
 
 
@@ -112,7 +112,7 @@ def _arguments_text(arguments: Any) -> str:
     return json.dumps(arguments)
 
 
-def parse_tool_calls(raw: Any) -> tuple[ToolCall, ...]:
+def tool_calls_from_wire(raw: Any) -> tuple[ToolCall, ...]:
     """`message.tool_calls` as `ToolCall`s. Arguments stay raw text, even when not JSON."""
     if not raw:
         return ()

@@ -38,8 +38,8 @@ from langgraph_batch.backends._sse import (
     ChatStreamAccumulator,
     SSEDecoder,
     parse_logprobs,
-    parse_tool_calls,
     parse_usage,
+    tool_calls_from_wire,
 )
 from langgraph_batch.backends._transport import (
     DEFAULT_LIMITS,
@@ -360,7 +360,7 @@ class OpenAICompatibleBackend(Backend):
             message = choice.get("message")
             if message is not None:
                 content = message.get("content")
-                tool_calls = parse_tool_calls(message.get("tool_calls"))
+                tool_calls = tool_calls_from_wire(message.get("tool_calls"))
             else:  # /v1/completions
                 content = choice.get("text")
                 tool_calls = ()

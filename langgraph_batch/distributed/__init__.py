@@ -18,7 +18,7 @@ Needs `pip install 'langgraph-batch[redis]'` (redis-py is imported only when
 a client is built) and Redis >= 7.0 (streams, consumer groups, Lua). Jobs
 run at least once, results are accepted exactly once; see `executor` (the
 parent), `worker` (the loop), `_scripts` (leases and fencing in Lua),
-`_semaphore` (the cluster-wide in-flight cap), `_singleflight` (coalesced
+`_semaphore` (the cluster-wide in-flight cap), `_redis_flight` (coalesced
 tool calls across workers) and `_serde` (strict payloads, input checks).
 
 `RayExecutor` (module `ray`) runs the same siblings in async Ray actors, one
@@ -29,9 +29,9 @@ when a run starts).
 from __future__ import annotations
 
 from langgraph_batch.distributed._keys import ACL_RULES
+from langgraph_batch.distributed._redis_flight import RedisFlightStore
 from langgraph_batch.distributed._semaphore import ClusterLimitedBackend, RedisSemaphore
 from langgraph_batch.distributed._serde import DEFAULT_MAX_PAYLOAD_BYTES
-from langgraph_batch.distributed._singleflight import RedisFlightStore
 from langgraph_batch.distributed.executor import RedisExecutor
 from langgraph_batch.distributed.ray import RayExecutor
 from langgraph_batch.distributed.worker import Worker, load_graph

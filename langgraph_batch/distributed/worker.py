@@ -59,6 +59,7 @@ from langgraph_batch.distributed._redis import (
     connect,
     raise_if_cancel_requested,
 )
+from langgraph_batch.distributed._redis_flight import RedisFlightStore
 from langgraph_batch.distributed._redis_once import RedisOnceStore
 from langgraph_batch.distributed._redis_wait import RedisWait
 from langgraph_batch.distributed._scripts import Scripts
@@ -68,7 +69,6 @@ from langgraph_batch.distributed._serde import (
     Serde,
 )
 from langgraph_batch.distributed._sibling import invoke_sibling
-from langgraph_batch.distributed._singleflight import RedisFlightStore
 from langgraph_batch.nodes import SiblingAdmission
 from langgraph_batch.scheduler.registry import set_backend_wrapper
 from langgraph_batch.tools import forget_run, set_flight_store, set_once_store
@@ -103,7 +103,7 @@ def load_graph(path: str, *, app_dir: str | None = ".") -> Any:
 
 
 @dataclass(eq=False)
-class _Run:
+class _WorkerRun:
     keys: RunKeys
     group: str
     total: int
@@ -114,7 +114,7 @@ class _Run:
 
 @dataclass(eq=False)
 class _Job:
-    run: _Run
+    run: _WorkerRun
     entry_id: bytes
     job: str
     input: bytes
@@ -199,8 +199,8 @@ class Worker:
         self.redis_options = dict(redis_options or {})
         self._client: Any = None
         self._scripts: Scripts | None = None
-        self._runs: dict[str, _Run] = {}
-        self._groups: dict[str, _Run] = {}
+        self._runs: dict[str, _WorkerRun] = {}
+        self._groups: dict[str, _WorkerRun] = {}
         self._jobs: dict[tuple[str, bytes], _Job] = {}
         self._backlog: collections.deque[_Job] = collections.deque()
         self._next_claim = 0.0
@@ -350,7 +350,7 @@ class Worker:
             if not await self._client.exists(keys.jobs):
                 continue  # not published yet, or lost: the parent publishes it again
             try:
-                run = _Run(
+                run = _WorkerRun(
                     keys=keys,
                     group=meta["group"],
                     total=int(meta["total"]),
@@ -426,7 +426,7 @@ class Worker:
         return False
 
     def _accept(
-        self, run: _Run, entry_id: bytes, job: bytes | None, payload: bytes, redelivered: bool
+        self, run: _WorkerRun, entry_id: bytes, job: bytes | None, payload: bytes, redelivered: bool
     ) -> None:
         key = (run.keys.run_id, entry_id)
         if key in self._jobs:

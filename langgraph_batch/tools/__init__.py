@@ -21,7 +21,7 @@ Coalescing and the sibling marking apply to async runs (`ainvoke`, `astream`,
 which is how `fan_out` runs siblings). A synchronous `invoke` executes tools
 exactly as a plain `ToolNode` would.
 
-The subpackage, one concern per module: `_policy` (what is shared with
+The subpackage, one concern per module: `_coalesce` (what is shared with
 whom: `coalesce`, the policy, a frozen value, and each `coalesce()` call's
 runtime, `ToolCoalescing`, which holds its coalescer; run scopes),
 `_singleflight` (single flight and kept results; Redis plugs in through
@@ -48,6 +48,9 @@ from langgraph.prebuilt.tool_node import (
     ToolCallWrapper,
 )
 
+from langgraph_batch.tools._coalesce import CoalescePolicy, coalesce, coalesce_policy
+from langgraph_batch.tools._coalesce import coalescing as coalescing
+from langgraph_batch.tools._coalesce import forget_run as _forget_coalesced
 from langgraph_batch.tools._hooks import Execute, ToolResult, coalesced_call, in_tool_call
 from langgraph_batch.tools._once import ONCE_DONE as ONCE_DONE
 from langgraph_batch.tools._once import ONCE_RUN as ONCE_RUN
@@ -56,9 +59,6 @@ from langgraph_batch.tools._once import MemoryOnceStore as MemoryOnceStore
 from langgraph_batch.tools._once import OnceStore as OnceStore
 from langgraph_batch.tools._once import at_most_once, forget_once
 from langgraph_batch.tools._once import set_once_store as set_once_store
-from langgraph_batch.tools._policy import CoalescePolicy, coalesce, coalesce_policy
-from langgraph_batch.tools._policy import coalescing as coalescing
-from langgraph_batch.tools._policy import forget_run as _forget_coalesced
 from langgraph_batch.tools._singleflight import set_flight_store as set_flight_store
 from langgraph_batch.tools._stats import ToolStats, reset_tool_stats, tool_stats
 

@@ -20,7 +20,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from langgraph_batch import _tracing
 from langgraph_batch._context import current_sibling
-from langgraph_batch.tools._policy import ToolResult, coalescing
+from langgraph_batch.tools._coalesce import ToolResult, coalescing
 from langgraph_batch.tools._stats import STATS
 
 __all__ = ("Execute", "ToolResult", "coalesced_call", "in_tool_call")

@@ -37,7 +37,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 
 from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch.errors import ToolAlreadyRanError
-from langgraph_batch.tools._policy import _config_params, _fields
+from langgraph_batch.tools._coalesce import _config_params, _fields
 
 __all__ = ("MemoryOnceStore", "OnceStore", "at_most_once", "forget_once", "set_once_store")
 

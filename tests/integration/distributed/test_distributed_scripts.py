@@ -213,7 +213,7 @@ async def test_single_flight_takes_over_from_a_dead_leader(client: Any) -> None:
     run = RunKeys(new_run_id())
     await client.hset(run.meta, "sentinel", "1")
     store = RedisFlightStore(client, serde=Serde(), runs={"g": (run, TTL)}.get, wait_s=0.1)
-    from langgraph_batch.distributed._singleflight import key_digest
+    from langgraph_batch.distributed._redis_flight import key_digest
 
     digest = key_digest(("t", "k"))
     assert digest is not None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from langgraph_batch.backends._sse import ChatStreamAccumulator, SSEDecoder, parse_tool_calls
+from langgraph_batch.backends._sse import ChatStreamAccumulator, SSEDecoder, tool_calls_from_wire
 from tests.fakes.http import chunk
 
 
@@ -72,14 +72,14 @@ def test_tool_call_deltas_aggregate_by_index() -> None:
 
 
 def test_malformed_tool_arguments_are_kept_raw() -> None:
-    calls = parse_tool_calls(
+    calls = tool_calls_from_wire(
         [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]
     )
     assert calls[0].arguments == "{not json"
 
 
 def test_object_arguments_become_json_text() -> None:
-    calls = parse_tool_calls([{"function": {"name": "f", "arguments": {"a": 1}}}])
+    calls = tool_calls_from_wire([{"function": {"name": "f", "arguments": {"a": 1}}}])
     assert (calls[0].id, calls[0].arguments) == ("call_0", '{"a": 1}')
 
 

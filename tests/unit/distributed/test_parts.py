@@ -20,8 +20,8 @@ from langgraph_batch.distributed._keys import (
     semaphore_key,
     sibling_group,
 )
+from langgraph_batch.distributed._redis_flight import key_digest
 from langgraph_batch.distributed._semaphore import endpoint_key, limit_backends
-from langgraph_batch.distributed._singleflight import key_digest
 from langgraph_batch.distributed.cli import main as worker_main
 from langgraph_batch.scheduler import registry
 from langgraph_batch.tools._singleflight import Coalescer, set_flight_store

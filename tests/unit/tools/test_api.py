@@ -26,8 +26,8 @@ from langgraph_batch.tools import (
     reset_tool_stats,
     tool_stats,
 )
+from langgraph_batch.tools._coalesce import forget_run
 from langgraph_batch.tools._hooks import coalesced_call, in_tool_call
-from langgraph_batch.tools._policy import forget_run
 from tests.fakes.fan_out import RecordingAdmission
 
 

@@ -24,7 +24,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Send
 
-import langgraph_batch.tools._policy as policy_module
+import langgraph_batch.tools._coalesce as policy_module
 from langgraph_batch.nodes.fan_out import fan_out
 from langgraph_batch.tools import BatchToolNode, coalesce, coalesce_policy
 from tests.fakes.chat_models import ask
