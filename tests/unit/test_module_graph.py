@@ -109,7 +109,8 @@ def _reaches_in(importer: str, imported: str) -> bool:
 
 def test_the_graph_reader_sees_imports() -> None:
     graph = _graph()
-    assert "langgraph_batch.scheduler" in graph["langgraph_batch.chat_model"]
+    assert "langgraph_batch.scheduler" in graph["langgraph_batch.chat_model._model"]
+    assert "langgraph_batch.chat_model._model" in graph["langgraph_batch.chat_model"]
     assert "langgraph_batch.tools._middleware" in graph["langgraph_batch.tools"]  # lazy import
     # Under `if TYPE_CHECKING:` (tools' __init__ names BatchMiddleware there too).
     source = (PACKAGE / "tools" / "__init__.py").read_text()
