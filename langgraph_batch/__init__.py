@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from langgraph_batch._progress import render_progress
+from langgraph_batch._observe.progress import render_progress
 from langgraph_batch._version import __version__
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import (
@@ -136,7 +136,7 @@ __all__ = (
 # DeprecationWarning naming their home.
 _MOVED = {
     "FanOutNode": "langgraph_batch.nodes",
-    "ProgressBar": "langgraph_batch._progress",
+    "ProgressBar": "langgraph_batch._observe.progress",
     "SchedulerState": "langgraph_batch.scheduler",
     "SchedulerStats": "langgraph_batch.scheduler",
     "ToolStats": "langgraph_batch.tools",

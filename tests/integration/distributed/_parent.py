@@ -10,7 +10,7 @@ from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
 from langgraph_batch import fan_out
-from langgraph_batch._progress import extract_fan_out_event
+from langgraph_batch._observe.progress import extract_fan_out_event
 from langgraph_batch.distributed import RedisExecutor
 from tests.integration.distributed.conftest import GRAPHS
 
