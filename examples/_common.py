@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from langgraph_batch import render_progress
-from langgraph_batch._progress import extract_fan_out_event
+from langgraph_batch._observe.progress import extract_fan_out_event
 from langgraph_batch.backends import backend_from_url
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.scheduler import BatchPolicy, register_scheduler

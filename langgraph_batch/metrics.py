@@ -49,8 +49,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from langgraph_batch import _observe
 from langgraph_batch._extras import missing_extra
+from langgraph_batch._observe import sinks
 from langgraph_batch.scheduler import Scheduler, SchedulerState, live_schedulers
 from langgraph_batch.tools import tool_stats
 
@@ -138,7 +138,7 @@ class _Sink:
     def on_dispatch(self, scheduler: str) -> None:
         self.dispatched.labels(_label(scheduler)).inc()
 
-    def on_call(self, call: _observe.CallRecord) -> None:
+    def on_call(self, call: sinks.CallRecord) -> None:
         name = _label(call.scheduler)
         self.completed.labels(name).inc()
         self.queue_wait.labels(name).observe(call.queue_wait)
@@ -259,7 +259,7 @@ def enable(registry: CollectorRegistry | None = None) -> CollectorRegistry:
         collector = _ScrapeCollector()
         reg.register(collector)
         _enabled[id(reg)] = (reg, sink, collector)
-        _observe.subscribe(sink)
+        sinks.subscribe(sink)
     return reg
 
 
@@ -271,7 +271,7 @@ def disable(registry: CollectorRegistry | None = None) -> None:
     if entry is None:
         return
     _, sink, collector = entry
-    _observe.unsubscribe(sink)
+    sinks.unsubscribe(sink)
     for metric in (collector, *_sink_metrics(sink)):
         reg.unregister(metric)
 

@@ -124,7 +124,7 @@ def _finish(report: _RunReport, n: int, answers: dict[int, str]) -> None:
 
 async def _run_batched(job: dict[str, Any], client: Any, *, progress: bool) -> _RunReport:
     """The `langgraph-batch` contender's graph, streamed through the progress bar."""
-    from langgraph_batch._progress import render_progress
+    from langgraph_batch._observe.progress import render_progress
     from langgraph_batch.nodes import SiblingError
     from langgraph_batch.tools import coalesce
 

@@ -22,9 +22,9 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langgraph.config import get_stream_writer
 
-from langgraph_batch import _observe
 from langgraph_batch._loop import BackgroundLoop
-from langgraph_batch._progress import FAN_OUT_EVENT, fan_out_event
+from langgraph_batch._observe import sinks
+from langgraph_batch._observe.progress import FAN_OUT_EVENT, fan_out_event
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.nodes._spec import FanOutSpec
 from langgraph_batch.pricing import CostCallback, CostMeter
@@ -92,13 +92,13 @@ class FanOutRun:
     def count_started(self) -> None:
         with self.lock:
             self.started += 1
-        _observe.sibling(self.node, "started")
+        sinks.sibling(self.node, "started")
 
     def count_done(self, *, failed: bool) -> None:
         with self.lock:
             self.done += 1
             self.failed += int(failed)
-        _observe.sibling(self.node, "failed" if failed else "finished")
+        sinks.sibling(self.node, "failed" if failed else "finished")
 
     def left(self) -> int:
         """Siblings not finished yet (`SiblingInfo.left`: the scheduler sizes its last waves)."""

@@ -47,8 +47,8 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
-from langgraph_batch import _tracing
 from langgraph_batch._context import SiblingInfo
+from langgraph_batch._observe import tracing
 from langgraph_batch._rate_budget import pacer_for
 from langgraph_batch.backends.base import (
     Backend,
@@ -136,7 +136,7 @@ class Scheduler:
             warming=self._warming,
         )
         self._stats = StatsRecorder(window=self._policy.stats_window, name=self.name)
-        self._provider = _tracing.provider_of(backend)
+        self._provider = tracing.provider_of(backend)
         _LIVE.add(self)
         self._life = Lifecycle(self.name)
         # Its parts, each given what it needs (nothing is shared by inheritance).
@@ -454,12 +454,12 @@ class Scheduler:
             item.payload = request = replace(
                 request, priority=engine_priority(self._policy.priority, item, self._core.attained)
             )
-        if not _tracing.ENABLED or not _tracing.recording():
+        if not tracing.ENABLED or not tracing.recording():
             return await self._attempts.run_item(
                 loop, item, request, timeout, max_retries, on_chunk, sibling, check
             )
         t0 = time.monotonic()
-        with _tracing.call_span(self.name, self._provider, request, sibling) as span:
+        with tracing.call_span(self.name, self._provider, request, sibling) as span:
             try:
                 resp = await self._attempts.run_item(
                     loop, item, request, timeout, max_retries, on_chunk, sibling, check

@@ -11,7 +11,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 
-from langgraph_batch import _observe
+from langgraph_batch._observe import sinks
 from langgraph_batch.backends.base import Usage
 
 __all__ = ("SchedulerStats", "StatsRecorder")
@@ -159,21 +159,21 @@ class StatsRecorder:
             self.completion_tokens += usage.completion_tokens
             if usage.cached_tokens:
                 self.cached_tokens += usage.cached_tokens
-        _observe.call(self.name, queue_wait, latency, usage)
+        sinks.call(self.name, queue_wait, latency, usage)
 
     def record_dispatch(self) -> None:
         """One attempt goes on the wire (retries and batch members count each)."""
-        _observe.dispatch(self.name)
+        sinks.dispatch(self.name)
 
     def record_failure(self, exc: BaseException) -> None:
         """Count one request that raised to its caller (after its retries)."""
         self.failed += 1
-        _observe.failure(self.name, exc)
+        sinks.failure(self.name, exc)
 
     def record_retry(self, exc: BaseException) -> None:
         """Count one retry attempt of a failed request."""
         self.retries += 1
-        _observe.retry(self.name, exc)
+        sinks.retry(self.name, exc)
 
     def record_batch(self, size: int) -> None:
         """Count one `complete_batch` call of `size` requests."""
@@ -181,7 +181,7 @@ class StatsRecorder:
         self.batch_items += size
         if size > self.batch_max:
             self.batch_max = size
-        _observe.batch(self.name, size)
+        sinks.batch(self.name, size)
 
     @staticmethod
     def percentiles(samples: deque[float]) -> tuple[float, float, float]:

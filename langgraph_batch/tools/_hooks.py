@@ -18,8 +18,8 @@ from langchain_core.messages import ToolMessage
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from langgraph_batch import _tracing
 from langgraph_batch._context import current_sibling
+from langgraph_batch._observe import tracing
 from langgraph_batch.tools._coalesce import ToolResult, coalescing
 from langgraph_batch.tools._stats import STATS
 
@@ -121,7 +121,7 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
 
     async def run_traced() -> ToolResult:
         # One span per shared execution, with the identical calls that waited on it.
-        with _tracing.tool_span(name, request.tool_call.get("id")) as span:
+        with tracing.tool_span(name, request.tool_call.get("id")) as span:
             result = await run_own()
             if span is not None and span.is_recording():
                 followers = coalescer.waiting(key, scope=scope) - 1
@@ -130,7 +130,7 @@ async def coalesced_call(request: ToolCallRequest, execute: Execute) -> ToolResu
 
     result = await coalescer.run(
         key,
-        run_traced if _tracing.ENABLED and _tracing.recording() else run_own,
+        run_traced if tracing.ENABLED and tracing.recording() else run_own,
         scope=scope,
         keep=policy.keeps_results,
         shareable=_shareable,

@@ -19,9 +19,9 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from langgraph_batch import _tracing as tracing
 from langgraph_batch import metrics
-from langgraph_batch._progress import FAN_OUT_EVENT
+from langgraph_batch._observe import tracing
+from langgraph_batch._observe.progress import FAN_OUT_EVENT
 from langgraph_batch.chat_model import BatchedChatModel
 from langgraph_batch.errors import BackendConnectionError
 from tests.integration.test_fan_out_200 import KEYS, MODEL, Probe, build, docs, parent_graph

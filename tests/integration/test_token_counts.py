@@ -9,9 +9,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, trim_messages
 from langchain_core.tools import tool
 
-from langgraph_batch import _tokens
 from langgraph_batch.backends.openai_compat import OpenAICompatibleBackend
-from langgraph_batch.chat_model import BatchedChatModel
+from langgraph_batch.chat_model import BatchedChatModel, _tokens
 from langgraph_batch.emulator.tokenizer import count_tokens
 
 MODEL = "emulated-llama-3-8b"

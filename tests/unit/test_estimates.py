@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from langgraph_batch import _estimates, _tokens
+from langgraph_batch import _estimates
 from langgraph_batch._estimates import (
     CHARS_PER_TOKEN,
     CONTEXT_TOKENS_PRIOR,
@@ -21,6 +21,7 @@ from langgraph_batch._estimates import (
 )
 from langgraph_batch.backends._batching import estimated_tokens
 from langgraph_batch.backends.base import ChatRequest
+from langgraph_batch.chat_model import _tokens
 from langgraph_batch.nodes import SiblingAdmission, fan_out
 from langgraph_batch.record._format import LLMCall, shared_prefix
 from langgraph_batch.scheduler import BatchPolicy, KVLedger

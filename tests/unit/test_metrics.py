@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from langgraph_batch import _observe, metrics
+from langgraph_batch import metrics
+from langgraph_batch._observe import sinks
 from langgraph_batch.errors import BackendBadRequestError, BackendServerError
 from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
 from tests.fakes.backends import GatedBackend, InstantBackend, request
@@ -40,7 +41,7 @@ def test_enable_is_idempotent_and_disable_unregisters() -> None:
     reg = CollectorRegistry()
     assert metrics.enable(reg) is reg
     assert metrics.enable(reg) is reg  # a second enable registers nothing twice
-    assert _observe.active()
+    assert sinks.active()
     text = generate_latest(reg).decode()
     for name in (
         "lgb_scheduler_dispatched_total",
@@ -50,7 +51,7 @@ def test_enable_is_idempotent_and_disable_unregisters() -> None:
         assert f"# TYPE {name.removesuffix('_total')}" in text
     metrics.disable(reg)
     metrics.disable(reg)  # no-op
-    assert not _observe.active()
+    assert not sinks.active()
     assert "lgb_" not in generate_latest(reg).decode()
     metrics.enable(reg)  # and again after disable
     metrics.disable(reg)
@@ -110,8 +111,8 @@ async def test_retries_and_failures_by_error_type(registry: CollectorRegistry) -
 
 def test_sibling_and_batch_events(registry: CollectorRegistry) -> None:
     for event in ("started", "started", "finished", "failed", "unknown"):
-        _observe.sibling("review", event)
-    _observe.batch("s1", 8)
+        sinks.sibling("review", event)
+    sinks.batch("s1", 8)
     assert _value(registry, "lgb_fan_out_siblings_started_total", node="review") == 2
     assert _value(registry, "lgb_fan_out_siblings_finished_total", node="review") == 1
     assert _value(registry, "lgb_fan_out_siblings_failed_total", node="review") == 1
@@ -120,7 +121,7 @@ def test_sibling_and_batch_events(registry: CollectorRegistry) -> None:
 
 
 def test_scheduler_label_never_carries_user_info(registry: CollectorRegistry) -> None:
-    _observe.dispatch("vllm://alice:s3cret@10.0.0.5:8000|key=ab12")
+    sinks.dispatch("vllm://alice:s3cret@10.0.0.5:8000|key=ab12")
     text = generate_latest(registry).decode()
     assert "s3cret" not in text
     assert "alice" not in text
@@ -141,33 +142,33 @@ def test_a_failing_sink_is_dropped_and_logged(caplog: pytest.LogCaptureFixture) 
             raise RuntimeError("sink bug")
 
     sink = Broken()
-    _observe.subscribe(sink)
-    _observe.subscribe(sink)  # idempotent
-    with caplog.at_level(logging.WARNING, logger="langgraph_batch._observe"):
-        _observe.dispatch("s")  # must not raise
-        _observe.dispatch("s")  # dropped after the first failure
+    sinks.subscribe(sink)
+    sinks.subscribe(sink)  # idempotent
+    with caplog.at_level(logging.WARNING, logger="langgraph_batch._observe.sinks"):
+        sinks.dispatch("s")  # must not raise
+        sinks.dispatch("s")  # dropped after the first failure
     assert calls == ["s"]
     assert "Broken" in caplog.text
     assert "unsubscribed" in caplog.text
-    assert not _observe.active()
+    assert not sinks.active()
 
 
 def test_nothing_is_observed_when_no_sink_listens() -> None:
-    assert not _observe.active()
+    assert not sinks.active()
 
     class Counting:
         n = 0
 
-        def on_call(self, call: _observe.CallRecord) -> None:
+        def on_call(self, call: sinks.CallRecord) -> None:
             Counting.n += 1
 
     # Without subscribers the calls are no-ops (and build no record).
-    _observe.call("s", 0.0, 0.0, None)
+    sinks.call("s", 0.0, 0.0, None)
     sink = Counting()
-    _observe.subscribe(sink)
-    _observe.call("s", 0.0, 0.0, None)
-    _observe.unsubscribe(sink)
-    _observe.call("s", 0.0, 0.0, None)
+    sinks.subscribe(sink)
+    sinks.call("s", 0.0, 0.0, None)
+    sinks.unsubscribe(sink)
+    sinks.call("s", 0.0, 0.0, None)
     assert Counting.n == 1
 
 
@@ -175,14 +176,14 @@ NO_OTEL = """
 import sys
 sys.modules["opentelemetry"] = None
 import asyncio
-from langgraph_batch import _tracing
+from langgraph_batch._observe import tracing
 from langgraph_batch.scheduler import Scheduler
 from tests.fakes.backends import InstantBackend, request
 
 async def go():
     async with Scheduler(InstantBackend()) as s:
         resp = await s.submit(request("r"))
-    print(_tracing.ENABLED, resp.content, resp.queue_wait_s is not None)
+    print(tracing.ENABLED, resp.content, resp.queue_wait_s is not None)
 
 asyncio.run(go())
 """
@@ -212,26 +213,26 @@ def sdk_provider() -> tuple[Any, Any]:
 async def test_spans_only_once_a_tracer_provider_is_configured(
     sdk_provider: tuple[Any, Any],
 ) -> None:
-    from langgraph_batch import _tracing
+    from langgraph_batch._observe import tracing
 
     provider, exporter = sdk_provider
     # The API alone (no SDK set up) records nothing: calls skip the span machinery.
-    assert _tracing.ENABLED
-    assert not _tracing.recording()
-    previous = _tracing.set_tracer_provider(provider)
+    assert tracing.ENABLED
+    assert not tracing.recording()
+    previous = tracing.set_tracer_provider(provider)
     try:
-        assert _tracing.recording()
+        assert tracing.recording()
         async with Scheduler(InstantBackend()) as s:
             await s.submit(request("r"))
     finally:
-        _tracing.set_tracer_provider(previous)
+        tracing.set_tracer_provider(previous)
     (span,) = exporter.get_finished_spans()
     assert span.name == "chat m"
     attrs = span.attributes or {}
     assert attrs["gen_ai.usage.input_tokens"] == 3
     assert attrs["gen_ai.response.id"] == "chatcmpl-r"
     assert attrs["lgb.scheduler"] == s.name
-    assert not _tracing.recording()
+    assert not tracing.recording()
 
 
 async def test_gauges_skip_closed_schedulers_and_sum_a_shared_name(

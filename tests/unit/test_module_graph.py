@@ -109,7 +109,8 @@ def _reaches_in(importer: str, imported: str) -> bool:
 
 def test_the_graph_reader_sees_imports() -> None:
     graph = _graph()
-    assert "langgraph_batch.scheduler" in graph["langgraph_batch.chat_model"]
+    assert "langgraph_batch.scheduler" in graph["langgraph_batch.chat_model._model"]
+    assert "langgraph_batch.chat_model._model" in graph["langgraph_batch.chat_model"]
     assert "langgraph_batch.tools._middleware" in graph["langgraph_batch.tools"]  # lazy import
     # Under `if TYPE_CHECKING:` (tools' __init__ names BatchMiddleware there too).
     source = (PACKAGE / "tools" / "__init__.py").read_text()
@@ -144,6 +145,12 @@ def test_packages_form_layers() -> None:
     assert _cycles(layers) == []
     assert "langgraph_batch.scheduler" in layers["langgraph_batch.nodes"]
     assert "langgraph_batch.nodes" not in layers["langgraph_batch.scheduler"]
+    # Observation: the seam sits below what feeds it, the Prometheus sink above
+    # what it reads (why `metrics` is not inside `_observe`).
+    assert "langgraph_batch._observe" in layers["langgraph_batch.scheduler"]
+    assert "langgraph_batch.scheduler" not in layers["langgraph_batch._observe"]
+    assert "langgraph_batch.scheduler" in layers["langgraph_batch.metrics"]
+    assert "langgraph_batch.chat_model" not in layers["langgraph_batch.scheduler"]
 
 
 def test_the_private_rule_reads_packages() -> None:
@@ -153,6 +160,10 @@ def test_the_private_rule_reads_packages() -> None:
     assert not _reaches_in("langgraph_batch.scheduler._runner", "langgraph_batch.scheduler._item")
     assert not _reaches_in("langgraph_batch.nodes.fan_out", "langgraph_batch._context")
     assert not _reaches_in("langgraph_batch.nodes", "langgraph_batch.scheduler.registry")
+    # A private package at the top level is everyone's; chat_model's parts are its own.
+    assert not _reaches_in("langgraph_batch.scheduler._stats", "langgraph_batch._observe.sinks")
+    assert _reaches_in("langgraph_batch.nodes._run", "langgraph_batch.chat_model._request")
+    assert not _reaches_in("langgraph_batch.chat_model", "langgraph_batch.chat_model._model")
 
 
 def test_no_module_reaches_into_another_packages_privates() -> None:

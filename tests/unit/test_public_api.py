@@ -114,7 +114,7 @@ def test_subpackages_export_their_pieces() -> None:
     ("name", "home"),
     [
         ("FanOutNode", "langgraph_batch.nodes"),
-        ("ProgressBar", "langgraph_batch._progress"),
+        ("ProgressBar", "langgraph_batch._observe.progress"),
         ("SchedulerState", "langgraph_batch.scheduler"),
         ("SchedulerStats", "langgraph_batch.scheduler"),
         ("ToolStats", "langgraph_batch.tools"),

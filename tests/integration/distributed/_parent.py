@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from langgraph_batch import fan_out
-from langgraph_batch._progress import extract_fan_out_event
+from langgraph_batch._observe.progress import extract_fan_out_event
 from langgraph_batch.distributed import RedisExecutor
 from tests.fakes import fan_out as fakes
 from tests.integration.distributed.conftest import GRAPHS

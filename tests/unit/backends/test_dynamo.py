@@ -6,7 +6,6 @@ import httpx
 import pytest
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
-from langgraph_batch._request import build_request
 from langgraph_batch.backends import ChatRequest, DynamoBackend, backend_from_url, backend_key
 from langgraph_batch.backends._dynamo_hints import (
     OutputLengths,
@@ -17,6 +16,7 @@ from langgraph_batch.backends._dynamo_hints import (
 )
 from langgraph_batch.backends._session import session_key
 from langgraph_batch.chat_model import BatchedChatModel
+from langgraph_batch.chat_model._request import build_request
 from tests.fakes.http import Recorder, completion
 
 

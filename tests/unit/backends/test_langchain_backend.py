@@ -19,10 +19,10 @@ from langchain_core.messages import (
 from langchain_core.messages.tool import invalid_tool_call
 from pydantic import Field, SecretStr
 
-from langgraph_batch._convert import messages_to_openai
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.backends._langchain_convert import openai_to_messages
 from langgraph_batch.backends.base import ChatChunk, ChatRequest
+from langgraph_batch.chat_model._convert import messages_to_openai
 from langgraph_batch.errors import BackendBadRequestError, BackendError, BackendTimeoutError
 from tests.fakes.chat_models import ProviderFake, reply
 

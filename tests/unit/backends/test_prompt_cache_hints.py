@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
-from langgraph_batch._convert import usage_to_metadata
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.backends._langchain_convert import usage_of
 from langgraph_batch.backends._prompt_cache import (
@@ -18,6 +17,7 @@ from langgraph_batch.backends._prompt_cache import (
     ttl_for,
 )
 from langgraph_batch.backends.base import ChatRequest
+from langgraph_batch.chat_model._convert import usage_to_metadata
 from langgraph_batch.scheduler import BatchPolicy
 
 anthropic = pytest.importorskip("langchain_anthropic")

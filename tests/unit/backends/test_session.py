@@ -12,7 +12,6 @@ import httpx
 import pytest
 
 from langgraph_batch._context import SiblingInfo, sibling_scope
-from langgraph_batch._request import build_request
 from langgraph_batch.backends import (
     ChatRequest,
     OpenAICompatibleBackend,
@@ -26,6 +25,7 @@ from langgraph_batch.backends import (
 from langgraph_batch.backends._http import credentials_hash
 from langgraph_batch.backends._session import session_key
 from langgraph_batch.chat_model import BatchedChatModel
+from langgraph_batch.chat_model._request import build_request
 from langgraph_batch.errors import BackendServerError
 from tests.fakes.http import Recorder, completion, error_body
 from tests.unit.backends.test_vllm import _batch_handler, conv

@@ -13,7 +13,14 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langgraph_batch._convert import (
+from langgraph_batch.backends.base import (
+    ChatChunk,
+    ChatResponse,
+    ToolCall,
+    ToolCallChunk,
+    Usage,
+)
+from langgraph_batch.chat_model._convert import (
     chunk_to_message_chunk,
     final_chunk,
     message_to_openai,
@@ -21,13 +28,6 @@ from langgraph_batch._convert import (
     parse_tool_calls,
     response_to_message,
     usage_to_metadata,
-)
-from langgraph_batch.backends.base import (
-    ChatChunk,
-    ChatResponse,
-    ToolCall,
-    ToolCallChunk,
-    Usage,
 )
 
 

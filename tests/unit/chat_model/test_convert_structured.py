@@ -5,7 +5,11 @@ from typing import TypedDict
 import pytest
 from pydantic import BaseModel
 
-from langgraph_batch._structured import format_tools, normalize_tool_choice, to_response_format
+from langgraph_batch.chat_model._structured import (
+    format_tools,
+    normalize_tool_choice,
+    to_response_format,
+)
 
 
 class Person(BaseModel):

@@ -13,9 +13,9 @@ from typing import Any, Literal
 import pytest
 from langchain_core.tools import tool
 
-from langgraph_batch._convert import first_malformed_tool_call
 from langgraph_batch.backends.base import ChatRequest, ToolCall
 from langgraph_batch.chat_model import BatchedChatModel
+from langgraph_batch.chat_model._convert import first_malformed_tool_call
 from langgraph_batch.errors import MalformedToolCallError
 from langgraph_batch.scheduler import BatchPolicy, RetryPolicy
 from tests.fakes.backends import Reply, ScriptedBackend

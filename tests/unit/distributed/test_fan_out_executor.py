@@ -10,7 +10,7 @@ from langgraph.graph import START, StateGraph
 from typing_extensions import TypedDict
 
 from langgraph_batch import SiblingError, SiblingFailedError, fan_out
-from langgraph_batch._progress import extract_fan_out_event
+from langgraph_batch._observe.progress import extract_fan_out_event
 from langgraph_batch.distributed import RemoteEvent, SiblingExecutor
 from tests.fakes.fan_out import parent_graph
 

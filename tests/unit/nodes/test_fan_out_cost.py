@@ -128,7 +128,7 @@ def test_cost_options_are_checked() -> None:
 def test_the_progress_bar_shows_the_run_cost() -> None:
     import io
 
-    from langgraph_batch._progress import ProgressBar, fan_out_event
+    from langgraph_batch._observe.progress import ProgressBar, fan_out_event
 
     out = io.StringIO()
     bar = ProgressBar(stream=out, tty=False, width=4, min_interval=0)

@@ -8,8 +8,8 @@ import importlib
 import pytest
 
 from langgraph_batch._context import SiblingInfo
-from langgraph_batch._request import record_context as _record_context
 from langgraph_batch.backends.base import ChatResponse, Usage
+from langgraph_batch.chat_model._request import record_context as _record_context
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.scheduler._capacity import KVLedger
 

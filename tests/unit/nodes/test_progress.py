@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from langgraph.graph import START, StateGraph
 
-from langgraph_batch._progress import (
+from langgraph_batch._observe.progress import (
     FAN_OUT_EVENT,
     ProgressBar,
     extract_fan_out_event,

@@ -41,26 +41,9 @@ from pydantic import (
     model_validator,
 )
 
-from langgraph_batch._chat_fields import BOUNDS, check_bound, float_env
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch._loop import background_loop
 from langgraph_batch._redact import safe_url
-from langgraph_batch._request import (
-    build_request,
-    ls_params,
-    run_call,
-    stream_call,
-    tool_call_check_for,
-)
-from langgraph_batch._structured import (
-    StructuredMethod,
-    ToolLike,
-    format_tools,
-    normalize_tool_choice,
-    structured_output,
-    to_response_format,
-)
-from langgraph_batch._tokens import TokenCounter
 from langgraph_batch.backends import SessionConfig, backend_from_url, backend_key, check_api_key
 from langgraph_batch.backends.base import (
     Backend,
@@ -68,6 +51,23 @@ from langgraph_batch.backends.base import (
     ChatRequest,
     ChatResponse,
 )
+from langgraph_batch.chat_model._fields import BOUNDS, check_bound, float_env
+from langgraph_batch.chat_model._request import (
+    build_request,
+    ls_params,
+    run_call,
+    stream_call,
+    tool_call_check_for,
+)
+from langgraph_batch.chat_model._structured import (
+    StructuredMethod,
+    ToolLike,
+    format_tools,
+    normalize_tool_choice,
+    structured_output,
+    to_response_format,
+)
+from langgraph_batch.chat_model._tokens import TokenCounter
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler.registry import scheduler_for
 
@@ -503,7 +503,7 @@ class BatchedChatModel(BaseChatModel):
         """Tokens in `text` by the server's tokenizer (`POST /tokenize`, cached).
 
         Falls back to ~4 characters per token, with one WARNING, when the server
-        cannot count (see `langgraph_batch._tokens`). Blocks the calling thread
+        cannot count (see `langgraph_batch.chat_model._tokens`). Blocks the calling thread
         for one round trip on a cache miss: in async code use `aget_num_tokens`.
         """
         return self._token_counter().count({"prompt": text})

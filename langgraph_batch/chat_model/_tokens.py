@@ -26,11 +26,11 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from langgraph_batch._convert import messages_to_openai
 from langgraph_batch._estimates import CHARS_PER_TOKEN, typical_tokens
 from langgraph_batch._loop import background_loop
-from langgraph_batch._structured import format_tools
 from langgraph_batch.backends.base import Backend
+from langgraph_batch.chat_model._convert import messages_to_openai
+from langgraph_batch.chat_model._structured import format_tools
 from langgraph_batch.errors import BackendError
 
 __all__ = (

@@ -25,7 +25,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from langgraph_batch._context import SiblingInfo, current_sibling, task_route_key
-from langgraph_batch._convert import (
+from langgraph_batch.backends.base import ChatChunk, ChatRequest, ChatResponse, sibling_route_key
+from langgraph_batch.chat_model._convert import (
     chunk_generation_info,
     chunk_to_message_chunk,
     final_chunk,
@@ -33,7 +34,6 @@ from langgraph_batch._convert import (
     response_to_result,
     tool_call_check,
 )
-from langgraph_batch.backends.base import ChatChunk, ChatRequest, ChatResponse, sibling_route_key
 
 __all__ = (
     "CallSettings",

@@ -15,13 +15,13 @@ is dropped, so observation can never break a run).
 
 Example:
     ```python
-    from langgraph_batch import _observe
+    from langgraph_batch._observe import sinks
 
     class Printer:
-        def on_call(self, call: _observe.CallRecord) -> None:
+        def on_call(self, call: sinks.CallRecord) -> None:
             print(call.scheduler, call.queue_wait, call.latency)
 
-    _observe.subscribe(Printer())
+    sinks.subscribe(Printer())
     ```
 """
 
