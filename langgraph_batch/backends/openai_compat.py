@@ -41,6 +41,7 @@ from langgraph_batch.backends._sse import (
     parse_usage,
     tool_calls_from_wire,
 )
+from langgraph_batch.backends._stream_events import chunk_timeout_error, stream_event
 from langgraph_batch.backends._transport import (
     DEFAULT_LIMITS,
     DEFAULT_POOL_TIMEOUT,
@@ -63,7 +64,6 @@ from langgraph_batch.errors import (
     BackendServerError,
     BackendStreamError,
     BackendTimeoutError,
-    StreamChunkTimeoutError,
 )
 
 __all__ = (
@@ -77,8 +77,6 @@ logger = logging.getLogger(__name__)
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 
-# SSE events are UTF-8: parse without json.loads' encoding detection (µs per event).
-_decode_json = json.JSONDecoder().decode
 
 # After [DONE], drain the body this long so the connection goes back to the pool.
 _DRAIN_S = 0.1
@@ -424,7 +422,7 @@ class OpenAICompatibleBackend(Backend):
                                     done = True
                                     deadline.reschedule(loop.time() + _DRAIN_S)
                                     break
-                                self._on_event(data, acc, on_chunk, url, rid)
+                                stream_event(data, acc, on_chunk, url, rid)
                                 info.chunks = acc.chunks
                                 if gap is not None:
                                     deadline.reschedule(loop.time() + gap)
@@ -432,13 +430,13 @@ class OpenAICompatibleBackend(Backend):
                     if not deadline.expired():
                         raise
                     if not done:
-                        raise self._chunk_timeout(request, url, gap, acc.chunks) from None
+                        raise chunk_timeout_error(request, url, gap, acc.chunks) from None
         if not done:
             for data in decoder.flush():
                 if data == b"[DONE]":
                     done = True
                     break
-                self._on_event(data, acc, on_chunk, url, rid)
+                stream_event(data, acc, on_chunk, url, rid)
         if not done and acc.finish_reason is None:
             raise BackendStreamError(
                 f"the stream from {url} ended after {acc.chunks} chunks without a "
@@ -448,64 +446,6 @@ class OpenAICompatibleBackend(Backend):
                 request_id=rid,
             )
         return acc.response(request_id=request.request_id, fallback_model=request.model)
-
-    def _chunk_timeout(
-        self, request: ChatRequest, url: httpx.URL, gap: float | None, chunks: int
-    ) -> StreamChunkTimeoutError:
-        logger.warning(
-            "langgraph_batch stream_chunk_timeout fired",
-            extra={
-                "source": "stream_chunk_timeout",
-                "timeout_s": gap,
-                "model_name": request.model,
-                "chunks_received": chunks,
-                "request_id": request.request_id,
-            },
-        )
-        return StreamChunkTimeoutError(
-            f"no stream chunk from {url} for {gap} s (model={request.model}, "
-            f"chunks_received={chunks}): the server is stalled or overloaded. Raise or "
-            "disable `stream_chunk_timeout` (None or 0) if long silences are expected.",
-            timeout_s=gap or 0.0,
-            model_name=request.model,
-            chunks_received=chunks,
-            url=str(url),
-            request_id=request.request_id or None,
-        )
-
-    def _on_event(
-        self,
-        data: bytes,
-        acc: ChatStreamAccumulator,
-        on_chunk: Callable[[ChatChunk], None] | None,
-        url: httpx.URL,
-        rid: str | None,
-    ) -> None:
-        try:
-            obj = _decode_json(data.decode())
-        except ValueError as exc:  # UnicodeDecodeError is a ValueError too
-            raise BackendStreamError(
-                f"invalid JSON in the stream from {url} after {acc.chunks} chunks: {data[:200]!r}",
-                chunks_received=acc.chunks,
-                url=str(url),
-                request_id=rid,
-            ) from exc
-        if not isinstance(obj, dict):
-            raise BackendStreamError(
-                f"unexpected event in the stream from {url}: {data[:200]!r}",
-                chunks_received=acc.chunks,
-                url=str(url),
-                request_id=rid,
-            )
-        error = obj.get("error")
-        if error is not None and not obj.get("choices"):
-            # vLLM reports failures after the 200 header as a data event.
-            code = error.get("code") if isinstance(error, dict) else None
-            status = code if isinstance(code, int) and code >= 400 else 500
-            raise error_from_response(status, data, {}, url=str(url), request_id=rid)
-        chunk = acc.add(obj)
-        if on_chunk is not None:
-            on_chunk(chunk)
 
     # ------------------------------------------------------------------ other endpoints
 
