@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from langgraph_batch.emulator._engine_types import EngineCounters, ScheduledStep
+from langgraph_batch.emulator._request_queue import WaitingQueue
 from langgraph_batch.emulator.costs import Profile, StepShape
 from langgraph_batch.emulator.kv_cache import BLOCK_SIZE, KVCache
 from langgraph_batch.emulator.offload import OffloadCounters, OffloadTier
@@ -173,9 +174,7 @@ class Engine:
             )
         )
         self.running: list[Request] = []
-        self._fcfs: deque[Request] = deque()
-        self._heap: list[tuple[int, float, int, Request]] = []
-        self._num_waiting = 0
+        self.waiting = WaitingQueue(self.policy)
         self.counters = EngineCounters()
         self.in_flight: ScheduledStep | None = None
         self.paused = False
@@ -194,7 +193,7 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         """Requests waiting to be scheduled (aborted ones excluded)."""
-        return self._num_waiting
+        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
@@ -217,48 +216,20 @@ class Engine:
 
     def has_work(self) -> bool:
         """True when a step would schedule something (or requests are pending)."""
-        return bool(self.running) or self._num_waiting > 0
-
-    def _push_waiting(self, req: Request, *, front: bool = False) -> None:
-        req.status = RequestStatus.WAITING
-        self._num_waiting += 1
-        if self.policy == "priority":
-            heapq.heappush(self._heap, (req.priority, req.arrival, req.seq, req))
-        elif front:
-            self._fcfs.appendleft(req)
-        else:
-            self._fcfs.append(req)
-
-    def _peek_waiting(self) -> Request | None:
-        if self.policy == "priority":
-            heap = self._heap
-            while heap and heap[0][3].status is not RequestStatus.WAITING:
-                heapq.heappop(heap)
-            return heap[0][3] if heap else None
-        q = self._fcfs
-        while q and q[0].status is not RequestStatus.WAITING:
-            q.popleft()
-        return q[0] if q else None
-
-    def _pop_waiting(self) -> None:
-        if self.policy == "priority":
-            heapq.heappop(self._heap)
-        else:
-            self._fcfs.popleft()
-        self._num_waiting -= 1
+        return bool(self.running) or len(self.waiting) > 0
 
     def add_request(self, req: Request) -> None:
         """Queue a new request (its `arrival` is the engine time it arrived)."""
         self.counters.requests += 1
         self.counters.prompt_tokens_received += req.prompt_len
-        self._push_waiting(req)
+        self.waiting.push(req)
 
     def abort(self, req: Request) -> None:
         """Withdraw a request (client went away); its blocks are freed."""
         if req.finished:
             return
         if req.status is RequestStatus.WAITING:
-            self._num_waiting -= 1
+            self.waiting.withdraw()
         req.status = RequestStatus.ABORTED
         self.counters.aborted += 1
         if req in self.running and (self.in_flight is None or not self._in_step(req)):
@@ -293,7 +264,7 @@ class Engine:
         victim.num_computed = 0
         victim.num_preemptions += 1
         self.counters.preemptions += 1
-        self._push_waiting(victim, front=True)
+        self.waiting.push(victim, front=True)
 
     def _pick_victim(self) -> int:
         """Index in `running` of the request to preempt (Scheduler.schedule)."""
@@ -325,7 +296,7 @@ class Engine:
         running = self.running
         preempted = False
         threshold = self.long_prefill_token_threshold
-        if len(running) + self._num_waiting <= 1:
+        if len(running) + len(self.waiting) <= 1:
             threshold = 0  # nobody to starve (Scheduler.schedule)
         i = 0
         while i < len(running) and budget > 0:
@@ -418,7 +389,7 @@ class Engine:
         tier = self.offload
         load_s = 0.0
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self._peek_waiting()
+            req = self.waiting.peek()
             if req is None:
                 break
             hits = kv.find_cached(req) if not req.blocks else []
@@ -436,7 +407,7 @@ class Engine:
             full = self.scheduler_reserve_full_isl
             if not kv.allocate(req, done - hit_tokens + n, hits, full_sequence=full):
                 break  # the head of the queue blocks the others, as in vLLM
-            self._pop_waiting()
+            self.waiting.pop()
             req.status = RequestStatus.RUNNING
             req.num_computed = done
             if req.first_scheduled is None:
