@@ -26,20 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
-import json
 import logging
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.runnables import Runnable, RunnableConfig
-from pydantic import BaseModel, SecretBytes, SecretStr
 
 from langgraph_batch._loop import background_loop
 from langgraph_batch._rate_budget import observe_headers
@@ -52,6 +46,7 @@ from langgraph_batch.backends._langchain_convert import (
     usage_of,
 )
 from langgraph_batch.backends._langchain_errors import map_model_error
+from langgraph_batch.backends._langchain_identity import fingerprint, is_openai_like, model_name
 from langgraph_batch.backends._prompt_cache import (
     anthropic_breakpoints,
     cache_style,
@@ -75,11 +70,6 @@ __all__ = ("LangChainBackend",)
 
 logger = logging.getLogger(__name__)
 
-# Keys are HMACs under a per-process salt: equal configurations share a key
-# within the process, and a key in a log cannot be used to test guesses of a
-# credential offline.
-_SALT = secrets.token_bytes(16)
-
 # Body fields handled here (or meaningless for a LangChain call); every other
 # `ChatRequest.params` entry goes to the wrapped model as a call kwarg.
 _HANDLED = frozenset(
@@ -88,63 +78,11 @@ _HANDLED = frozenset(
 _DROPPED = frozenset({"stream_options", "model"})
 
 _END = object()
-_MODEL_NAME_FIELDS = ("model_name", "model", "model_id", "deployment_name")
 
 # The inner call is this backend's "HTTP request": it must not report its own
 # LLM run to the graph's callbacks, or `stream_mode="messages"` and
 # `astream_events` would see every token twice (once from BatchedChatModel).
 _INNER_CONFIG: RunnableConfig = {"callbacks": []}
-
-
-def _is_openai_like(model: BaseChatModel) -> bool:
-    """True for langchain-openai's models and their subclasses (DeepSeek, xAI, ...)."""
-    return any(cls.__name__ == "BaseChatOpenAI" for cls in type(model).__mro__)
-
-
-def _model_name(model: BaseChatModel) -> str:
-    for name in _MODEL_NAME_FIELDS:
-        value = getattr(model, name, None)
-        if isinstance(value, str) and value:
-            return value
-    return type(model).__name__
-
-
-def _canonical(value: Any, depth: int = 0) -> Any:
-    """A JSON-able stand-in for a field value, for the configuration fingerprint.
-
-    Secrets are included (only ever hashed); objects without a value form
-    (HTTP clients, callbacks) count by their type.
-    """
-    if depth > 8:
-        return "<deep>"
-    if isinstance(value, SecretStr | SecretBytes):
-        return {"secret": str(value.get_secret_value())}
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, Enum):
-        return _canonical(value.value, depth + 1)
-    if isinstance(value, Mapping):
-        return {str(k): _canonical(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        items = [_canonical(v, depth + 1) for v in value]
-        return sorted(items, key=repr) if isinstance(value, set | frozenset) else items
-    if isinstance(value, BaseModel):
-        fields = type(value).model_fields
-        return {
-            "type": type(value).__qualname__,
-            "fields": {n: _canonical(getattr(value, n, None), depth + 1) for n in fields},
-        }
-    return f"<{type(value).__module__}.{type(value).__qualname__}>"
-
-
-def _fingerprint(model: BaseChatModel) -> str:
-    fields = type(model).model_fields
-    state = {
-        "class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "fields": {name: _canonical(getattr(model, name, None)) for name in sorted(fields)},
-    }
-    payload = json.dumps(state, sort_keys=True, default=str).encode()
-    return hmac.new(_SALT, payload, hashlib.sha256).hexdigest()[:16]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -281,9 +219,9 @@ class LangChainBackend(Backend):
                 f"prompt_caching must be True, False or 'auto', got {prompt_caching!r}"
             )
         self._model = chat_model
-        self._model_name = _model_name(chat_model)
+        self._model_name = model_name(chat_model)
         self._label = f"{type(chat_model).__name__}({self._model_name})"
-        self._openai_like = _is_openai_like(chat_model)
+        self._openai_like = is_openai_like(chat_model)
         self._pass_response_format = (
             self._openai_like if pass_response_format is None else pass_response_format
         )
@@ -296,7 +234,7 @@ class LangChainBackend(Backend):
             flavor="openai", hosted_prompt_cache=self._cache_style in ("anthropic", "bedrock")
         )
         self._home_started = False
-        suffix = key if key is not None else _fingerprint(chat_model)
+        suffix = key if key is not None else fingerprint(chat_model)
         self._key = f"LangChainBackend:{type(chat_model).__name__}:{self._model_name}:{suffix}"
         retries = getattr(chat_model, "max_retries", None)
         if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:
