@@ -92,10 +92,8 @@ class TraceSession:
 # -- field checks: the messages name the field, never the value ---------------------------------
 
 
-def _whole(row: Mapping[str, Any], key: str, where: str, *, low: int = 0) -> int:
-    if key not in row:
-        raise ValueError(f"{where}: field {key!r} is missing")
-    value = row[key]
+def _number(value: Any, key: str, where: str) -> float:
+    """A field's number: a JSON number or a numeric string (CSV), never a bool."""
     if isinstance(value, str):
         try:
             value = float(value)
@@ -103,6 +101,13 @@ def _whole(row: Mapping[str, Any], key: str, where: str, *, low: int = 0) -> int
             raise ValueError(f"{where}: field {key!r} is not a number") from None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{where}: field {key!r} is not a number")
+    return value
+
+
+def _whole(row: Mapping[str, Any], key: str, where: str, *, low: int = 0) -> int:
+    if key not in row:
+        raise ValueError(f"{where}: field {key!r} is missing")
+    value = _number(row[key], key, where)
     if not math.isfinite(value) or value != int(value) or not low <= value <= _MAX_TOKENS:
         raise ValueError(f"{where}: field {key!r} is not a whole number in [{low}, 2^24]")
     return int(value)
@@ -113,13 +118,7 @@ def _seconds(row: Mapping[str, Any], key: str, where: str, scale: float = 1.0) -
     value = row.get(key)
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"{where}: field {key!r} is not a number") from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{where}: field {key!r} is not a number")
+    value = _number(value, key, where)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{where}: field {key!r} is not a finite, non-negative time")
     return float(value) * scale
