@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -348,8 +348,7 @@ async def chat_batch(server: Serving, request: HTTPRequest) -> Response:
         opts = server.options(request, body)
         server.raise_fault(opts)
         rid = server.request_id(request, body)
-        reqs: list[Request] = []
-        plans: list[Plan] = []
+        planned: list[tuple[list[int], Plan]] = []
         for i, conv in enumerate(convs):
             messages = server.messages({"messages": conv})
             prompt_ids = tokenize_chat(messages)
@@ -366,26 +365,13 @@ async def chat_batch(server: Serving, request: HTTPRequest) -> Response:
                 max_tokens,
                 seed=i,
             )
-            plans.append(plan)
-            reqs.append(
-                server.new_request(
-                    f"{rid}-{i}",
-                    prompt_ids,
-                    plan,
-                    priority=server.priority(request, body),
-                    salt=salt_of(body),
-                )
-            )
-        headers = {"X-Request-Id": rid}
-        admission = server.admit(body, sum(r.prompt_len for r in reqs), headers, requests=len(reqs))
+            planned.append((prompt_ids, plan))
+        reqs, admission, headers = _group(server, request, body, rid, planned)
     except RequestError as exc:
         return exc.response()
-    try:
-        done = await server.run_to_end(reqs, request, opts)
-    finally:
-        server.settle(admission, sum(r.num_output for r in reqs))
-    if not done:
+    if not await _run_group(server, request, opts, reqs, admission):
         return Response(status_code=499)
+    plans = [plan for _, plan in planned]
     choices = []
     for i, (req, plan) in enumerate(zip(reqs, plans, strict=True)):
         one = _chat_json(server, f"chatcmpl-{rid}", req, plan)["choices"][0]
@@ -422,35 +408,21 @@ async def completions(server: Serving, request: HTTPRequest) -> Response:
         opts = server.options(request, body)
         server.raise_fault(opts)
         rid = server.request_id(request, body)
-        reqs: list[Request] = []
-        plans: list[Plan] = []
-        for i, prompt in enumerate(prompts):
+        planned: list[tuple[list[int], Plan]] = []
+        for prompt in prompts:
             if isinstance(prompt, str):
                 text, ids = prompt, tokenize(prompt)
             else:
                 text, ids = " ".join(map(str, prompt)), list(prompt)
             max_tokens = server.max_tokens(body, len(ids), default=16)
             plan = server.fit_length(server.text_plan(text, opts, max_tokens), body, max_tokens)
-            plans.append(plan)
-            reqs.append(
-                server.new_request(
-                    f"{rid}-{i}",
-                    ids,
-                    plan,
-                    priority=server.priority(request, body),
-                    salt=salt_of(body),
-                )
-            )
-        headers = {"X-Request-Id": rid}
-        admission = server.admit(body, sum(r.prompt_len for r in reqs), headers, requests=len(reqs))
+            planned.append((ids, plan))
+        reqs, admission, headers = _group(server, request, body, rid, planned)
     except RequestError as exc:
         return exc.response()
-    try:
-        done = await server.run_to_end(reqs, request, opts)
-    finally:
-        server.settle(admission, sum(r.num_output for r in reqs))
-    if not done:
+    if not await _run_group(server, request, opts, reqs, admission):
         return Response(status_code=499)
+    plans = [plan for _, plan in planned]
     choices = [
         {
             "index": i,
@@ -484,6 +456,47 @@ async def completions(server: Serving, request: HTTPRequest) -> Response:
         },
         headers=headers,
     )
+
+
+def _group(
+    server: Serving,
+    request: HTTPRequest,
+    body: Mapping[str, Any],
+    rid: str,
+    planned: Sequence[tuple[list[int], Plan]],
+) -> tuple[list[Request], Admission | None, dict[str, str]]:
+    """One engine request per prompt of a multi-prompt call, charged to the limits together.
+
+    Raises:
+        RequestError: a 429 from the rate limits.
+    """
+    reqs = [
+        server.new_request(
+            f"{rid}-{i}",
+            ids,
+            plan,
+            priority=server.priority(request, body),
+            salt=salt_of(body),
+        )
+        for i, (ids, plan) in enumerate(planned)
+    ]
+    headers = {"X-Request-Id": rid}
+    admission = server.admit(body, sum(r.prompt_len for r in reqs), headers, requests=len(reqs))
+    return reqs, admission, headers
+
+
+async def _run_group(
+    server: Serving,
+    request: HTTPRequest,
+    opts: RequestOptions,
+    reqs: list[Request],
+    admission: Admission | None,
+) -> bool:
+    """Run a group to its end; False when the client went away. Settles the limits."""
+    try:
+        return await server.run_to_end(reqs, request, opts)
+    finally:
+        server.settle(admission, sum(r.num_output for r in reqs))
 
 
 def _prompts(raw: Any) -> list[str | list[int]]:
