@@ -399,6 +399,16 @@ class AnthropicFlavor:
                 media_type="text/event-stream",
                 headers=headers,
             )
+        await self.answer(cached, plan, admission)
+        return JSONResponse(self._message(msg_id, parsed, plan, cached), headers=headers)
+
+    async def answer(self, cached: CachePlan, plan: Plan, admission: Admission | None) -> None:
+        """Wait out a whole (non-streamed) answer and count it.
+
+        The first token's delay, then the cache entry becomes readable (the
+        page: only once the response has begun), then the output; the rate
+        limits are settled whatever happens.
+        """
         try:
             await self.sleep(self.latency.first_token_s(cached))
             self.cache.commit(cached, now=self.now())
@@ -406,7 +416,6 @@ class AnthropicFlavor:
         finally:
             self.serving.settle(admission, plan.num_tokens)
         self.stats.add(cached, plan.num_tokens)
-        return JSONResponse(self._message(msg_id, parsed, plan, cached), headers=headers)
 
     def _message(
         self, msg_id: str, parsed: _Parsed, plan: Plan, cached: CachePlan

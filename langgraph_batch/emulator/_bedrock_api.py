@@ -292,13 +292,7 @@ class _Converse:
             return StreamingResponse(
                 body_stream(), media_type="application/vnd.amazon.eventstream", headers=headers
             )
-        try:
-            await flavor.sleep(flavor.latency.first_token_s(cached))
-            flavor.cache.commit(cached, now=flavor.now())
-            await flavor.sleep(plan.num_tokens / flavor.latency.output_tps)
-        finally:
-            serving.settle(admission, plan.num_tokens)
-        flavor.stats.add(cached, plan.num_tokens)
+        await flavor.answer(cached, plan, admission)
         answer = {
             "output": {"message": {"role": "assistant", "content": _converse_content(plan)}},
             "stopReason": _STOP.get(plan.finish_reason, "end_turn"),
