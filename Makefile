@@ -16,6 +16,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# The research harness (benchmarks/, its own distribution: langgraph-batch-benchmarks),
+# editable, on top of the same environment: what `make bench` runs. The tests need no
+# install of it: they run from the repository root, where `benchmarks` is importable.
+$(VENV)/.bench-installed: $(VENV)/.installed benchmarks/pyproject.toml
+	$(PY) -m pip install -q -e ./benchmarks
+	touch $@
+
 # The docs' tools (the `docs` extra), on top of the same environment.
 $(VENV)/.docs-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,14 +92,15 @@ format: $(VENV)/.installed
 type: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
-## All benchmark workloads at full size (see benchmarks/README.md).
-bench: $(VENV)/.installed bench-distributed
-	$(VENV)/bin/langgraph-batch bench all --out benchmarks/results
+## All benchmark workloads at full size, every contender, bound and goal: the research
+## harness (benchmarks/README.md). `langgraph-batch bench` alone is what the wheel ships.
+bench: $(VENV)/.bench-installed bench-distributed
+	$(PY) -m benchmarks.bench all --out benchmarks/results
 
 ## The distributed section: in-process vs the Redis executor (2 workers) vs the Ray
 ## executor (a local 2-node cluster): a synthetic job, W7's shape and W8's long-horizon
 ## agents, on the emulator.
-bench-distributed: $(VENV)/.installed redis-server
+bench-distributed: $(VENV)/.bench-installed redis-server
 	$(PY) -m benchmarks.distributed_scale --n 200 --repeat 3 --out benchmarks/results/distributed_scale.json
 	$(PY) -m benchmarks.distributed_w7 --repeat 3 --out benchmarks/results/distributed_w7.json
 	$(PY) -m benchmarks.distributed_w7 --workload W8 --repeat 1 --out benchmarks/results/distributed_w8.json

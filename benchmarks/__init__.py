@@ -1,7 +1,11 @@
-"""Benchmark results and development scripts (the harness is `langgraph_batch.bench`).
+"""The research harness (the `langgraph-batch-benchmarks` distribution), its scripts and results.
 
-`langgraph-batch bench` (or `make bench`) writes `benchmarks/results/`; the
-scripts here measure the library's internals: `python -m
+`make bench` (`python -m benchmarks.bench all`) runs every workload with
+every contender, bound and goal (`extension.Research` on top of the wheel's
+`langgraph-batch bench`) and writes `benchmarks/results/`; `contenders/`
+holds the bounds and the prior-art contender, `routers/` the router
+contenders and W4 behind a router, `goals.py` the issues' goals, `report.py`
+the charts. The other scripts measure the library's internals: `python -m
 benchmarks.scheduler_overhead`, `benchmarks.http_pool_overhead`,
 `benchmarks.distributed_scale`. See benchmarks/README.md.
 """

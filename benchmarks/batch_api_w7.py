@@ -45,9 +45,9 @@ import openai
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
+from benchmarks.extension import versions
 from langgraph_batch import BatchedChatModel, fan_out
 from langgraph_batch.batch_api import ProviderBatch
-from langgraph_batch.bench.harness import versions
 from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings, system_prompt, task_text
 from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
 from langgraph_batch.nodes.fan_out import SiblingError

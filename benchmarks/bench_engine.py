@@ -42,8 +42,8 @@ ENV = (("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0"),)
 
 
 def _bench(workload: str, out: Path, extra: list[str], timeout: float) -> int:
-    """`langgraph-batch bench <workload> ... --out <out>` in a child process."""
-    cmd = [sys.executable, "-m", "langgraph_batch.cli", "bench", workload, "--out", str(out)]
+    """`python -m benchmarks.bench <workload> ... --out <out>` in a child process."""
+    cmd = [sys.executable, "-m", "benchmarks.bench", workload, "--out", str(out)]
     cmd += ["--timeout", str(timeout), *extra]
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     env = dict(os.environ)

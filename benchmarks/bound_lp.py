@@ -33,7 +33,7 @@ import json
 import sys
 from typing import Any
 
-from langgraph_batch.bench.contenders import kv_bound
+from benchmarks.contenders import kv_bound
 from langgraph_batch.bench.workloads import WORKLOADS, Workload, system_prompt
 from langgraph_batch.emulator.costs import StepShape, get_profile
 

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if shown.is_relative_to(ROOT):  # the results name the file as a checkout has it
             shown = shown.relative_to(ROOT)
         cmd = [
-            sys.executable, "-m", "langgraph_batch.cli", "bench", "--replay", str(shown),
+            sys.executable, "-m", "benchmarks.bench", "--replay", str(shown),
             "--format", fmt, "--contenders", "naive,langgraph-batch,ideal",
             "--out", str(args.out.resolve() / fmt),
         ]  # fmt: skip

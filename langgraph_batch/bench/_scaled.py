@@ -43,8 +43,11 @@ longest context stays well under it."""
 def scaled_workloads(
     workload: Callable[..., Any], long_horizon_bounded: tuple[str, ...]
 ) -> dict[str, Any]:
-    """The scaled workloads (`workloads.py` registers them; it passes its `Workload` class
-    and W8's naive-bounded sweep, so this module imports nothing from it)."""
+    """The scaled workloads, by id.
+
+    `workloads.py` registers them; it passes its `Workload` class and W8's
+    naive-bounded sweep, so this module imports nothing from it.
+    """
     return {
         "W1s": workload(
             id="W1s",

@@ -1,13 +1,17 @@
-"""`langgraph-batch bench <W1|...|W9|all> [--n N] [--contenders a,b] [--time-scale X] ...`.
+"""`langgraph-batch bench <W1|...|W11|all> [--n N] [--contenders a,b] [--server URL] ...`.
 
-`langgraph-batch bench --replay FILE [--server URL --model M]` replays a job
-recorded with `langgraph_batch.record.Recorder` instead (`replay_run`).
+`langgraph-batch bench --replay FILE [--server URL --model M] [--price FILE]`
+replays a job recorded with `langgraph_batch.record.Recorder` instead (`replay_run`).
 
 For each workload: start the emulator (one process per replica: W4 has 4),
 or use a live server (`--server vllm://host:port --model NAME`), and the tool
 service in their own processes, then run every contender one after another,
 each in its own fresh process, against the same servers, and write
-`<out>/<workload>.json`, `.md` and `.png` (see `langgraph_batch.bench.harness`).
+`<out>/<workload>.json` and `.md` (see `langgraph_batch.bench.harness`).
+The contenders here are langgraph-batch and plain LangGraph (`naive`,
+`naive-bounded[-<k>]`); the repository's research harness (`make bench`,
+`benchmarks/`) adds the bounds, the prior-art and router contenders, the
+goals and the charts through `langgraph_batch.bench.extension`.
 The harness needs the `bench` extra: `pip install 'langgraph-batch[bench]'`.
 """
 
@@ -25,13 +29,13 @@ from typing import Any
 
 from langgraph_batch.bench import report
 from langgraph_batch.bench._paths import default_out
+from langgraph_batch.bench.extension import active
 from langgraph_batch.bench.harness import (
     SINGLE_TURN_CONTENDERS,
     log,
     run_workload,
 )
 from langgraph_batch.bench.live import ServerTarget
-from langgraph_batch.bench.routers import split_router
 from langgraph_batch.bench.workloads import (
     FULL_SIZE,
     SINGLE_TURN,
@@ -40,47 +44,60 @@ from langgraph_batch.bench.workloads import (
 )
 from langgraph_batch.record import TRACE_FORMATS
 
-ALL_CONTENDERS = (
-    "naive",
-    "naive-bounded",
-    "batchagent",
-    "langgraph-batch",
-    "langgraph-batch-rr",
-    "ideal",
-)
+__all__ = ("AGENT_CONTENDERS", "is_known", "known_contenders", "main", "parse_args")
+
+AGENT_CONTENDERS = ("naive", "naive-bounded", "langgraph-batch", "langgraph-batch-rr")
+"""The agent workloads' contenders in the wheel (and any `naive-bounded-<k>`)."""
+
+PROG = "langgraph-batch bench"
 
 
 def known_contenders(workload: str) -> tuple[str, ...]:
-    """The contenders `workload` can run (and any `naive-bounded-<k>`, a sweep)."""
+    """The contenders `workload` can run here (and any `naive-bounded-<k>`, a sweep).
+
+    Args:
+        workload: a workload id.
+
+    Returns:
+        The wheel's contenders for it, then the active extension's.
+    """
     if workload in SINGLE_TURN:
-        return (*SINGLE_TURN_CONTENDERS, "ideal")
-    if WORKLOADS[workload].simulation:
-        return ("naive", "naive-bounded", "langgraph-batch", "ideal")
-    return ALL_CONTENDERS
-
-
-ROUTER_BASES = ("naive", "langgraph-batch")
-"""Contenders that also run through vllm-router (`<base>-router`, `<base>-router-ps`;
-`naive-bounded-<k>` too): `langgraph_batch/bench/routers.py`."""
+        own: tuple[str, ...] = SINGLE_TURN_CONTENDERS
+    elif WORKLOADS[workload].simulation:
+        own = ("naive", "naive-bounded", "langgraph-batch")
+    else:
+        own = AGENT_CONTENDERS
+    ext = active()
+    return (*own, *(c for c in ext.contenders if ext.knows(workload, c)))
 
 
 def is_known(workload: str, contender: str) -> bool:
-    """Whether `workload` can run `contender`."""
-    if contender in known_contenders(workload):
+    """Whether `workload` can run `contender` here.
+
+    Args:
+        workload: a workload id.
+        contender: a contender name.
+
+    Returns:
+        True when the wheel or the active extension runs it.
+    """
+    if contender in known_contenders(workload) or active().knows(workload, contender):
         return True
-    base, mode = split_router(contender)
-    if mode is not None:
-        agents = workload not in SINGLE_TURN and not WORKLOADS[workload].simulation
-        return agents and (base in ROUTER_BASES or _bounded(base))
-    try:
-        return workload not in SINGLE_TURN and bounded_concurrency(contender) is not None
-    except ValueError:
-        return False
+    return workload not in SINGLE_TURN and _bounded(contender)
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str], *, prog: str = PROG) -> argparse.Namespace:
+    """The options of `langgraph-batch bench` (`--out` defaulted).
+
+    Args:
+        argv: the command line after `bench`.
+        prog: the command's name in messages.
+
+    Returns:
+        The parsed options.
+    """
     parser = argparse.ArgumentParser(
-        prog="langgraph-batch bench",
+        prog=prog,
         description="Run benchmark workloads on the emulated server or a live one "
         "(see benchmarks/README.md in the repository).",
     )
@@ -138,9 +155,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         default=None,
-        help=f"comma-separated subset of {','.join(ALL_CONTENDERS)} (default: the workload's); "
-        "agent workloads also take naive-bounded-<k>, and naive[-bounded-<k>]-router[-ps] and "
-        "langgraph-batch-router[-ps]: the same through vllm-router (-ps: its program scheduling)",
+        help=f"comma-separated subset of {','.join(AGENT_CONTENDERS)} (default: the workload's "
+        "that run here); agent workloads also take naive-bounded-<k>. The repository's research "
+        "harness (python -m benchmarks.bench) adds ideal, batchagent and router contenders",
     )
     parser.add_argument(
         "--time-scale",
@@ -174,8 +191,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--out",
         type=Path,
         default=None,
-        help="results directory (default: benchmarks/results in a source checkout, "
-        "else ./bench-results)",
+        help="results directory (default: ./bench-results; the research harness: "
+        "benchmarks/results of the checkout)",
     )
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds allowed per contender run"
@@ -203,13 +220,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     args = parser.parse_args(list(argv))
     if args.out is None:
-        args.out = default_out()
+        args.out = active().default_out() or default_out()
     return args
 
 
 #: What the harness imports beyond the library's own dependencies (the `bench` extra):
-#: the emulator and the tool service (HTTP servers), the naive contenders, the charts.
-BENCH_MODULES = ("starlette", "uvicorn", "langchain_openai", "matplotlib")
+#: the emulator and the tool service (HTTP servers), the naive contenders.
+BENCH_MODULES = ("starlette", "uvicorn", "langchain_openai")
 
 
 def missing_modules() -> list[str]:
@@ -235,8 +252,18 @@ def _parse_option(text: str) -> tuple[str, Any]:
         return name.strip(), value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
+    """Run `langgraph-batch bench`; returns the exit code.
+
+    Args:
+        argv: the command line after `bench` (default: `sys.argv`).
+        prog: the command's name in messages and in `SUMMARY.md`.
+
+    Returns:
+        0 on success, 1 when a run fails, 2 on misuse.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv, prog=prog)
     missing = missing_modules()
     if missing:
         from langgraph_batch._extras import missing_extra
@@ -279,8 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown:
                 log(
                     f"{wid}: unknown contender(s) {unknown}; choose from {', '.join(known)} "
-                    "or naive-bounded-<k> (agent workloads: also naive[-bounded-<k>]-router[-ps], "
-                    "langgraph-batch-router[-ps])"
+                    "or naive-bounded-<k>" + _RESEARCH_HINT
                 )
                 return 2
     written: list[dict[str, Any]] = []
@@ -296,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = run_workload(
                 wl,
                 n=args.n or wl.n,
-                contenders=chosen or list(wl.contenders),
+                contenders=chosen or _defaults(wid),
                 time_scale=1.0 if target is not None else (args.time_scale or wl.time_scale),
                 seed=args.seed,
                 timeout=args.timeout,
@@ -313,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(report.markdown(result) + "\n")
         log(f"{wid}: wrote {', '.join(str(p) for p in paths.values())}")
     if len(written) > 1:
-        command = "langgraph-batch bench " + " ".join(sys.argv[2:] if argv is None else argv)
+        command = prog + " " + " ".join(argv)
         summary = report.summary_markdown(written, command.strip(), dt.date.today().isoformat())
         (args.out / "SUMMARY.md").write_text(summary)
     log(f"done in {time.monotonic() - t_start:.0f} s")
@@ -322,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     """`bench --replay FILE`: every replay contender on the recorded job's shape."""
-    from langgraph_batch.bench.replay_run import REPLAY_CONTENDERS, markdown, run_replay, write
+    from langgraph_batch.bench.replay_run import markdown, replay_contenders, run_replay, write
 
     if args.n is not None or args.replicas is not None:
         log("--n and --replicas do not apply to --replay (the recording sets the shape)")
@@ -339,13 +365,14 @@ def _replay(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             log(f"replay: --price: {exc}")
             return 2
-    chosen = list(REPLAY_CONTENDERS)
+    chosen = list(replay_contenders())
     if args.contenders:
         chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
-        unknown = [c for c in chosen if c not in REPLAY_CONTENDERS and not _bounded(c)]
+        unknown = [c for c in chosen if c not in replay_contenders() and not _bounded(c)]
         if unknown:
-            log(f"replay: unknown contender(s) {unknown}; choose from "
-                f"{', '.join(REPLAY_CONTENDERS)} or naive-bounded-<k>")  # fmt: skip
+            known = ", ".join(replay_contenders())
+            log(f"replay: unknown contender(s) {unknown}; choose from {known} or "
+                "naive-bounded-<k>" + _RESEARCH_HINT)  # fmt: skip
             return 2
     try:
         target = _server_target(args)
@@ -391,6 +418,21 @@ def _server_target(args: argparse.Namespace) -> ServerTarget | None:
         raise ValueError("--time-scale applies to the emulator only, not to --server")
     target = ServerTarget.parse(args.server or "", args.model or "")
     return replace(target, engine=args.engine_name) if args.engine_name else target
+
+
+_RESEARCH_HINT = (
+    "; the bounds (ideal), batchagent and router contenders are in the repository's "
+    "research harness (benchmarks/, make bench)"
+)
+
+
+def _defaults(workload: str) -> list[str]:
+    """The workload's own contenders that run here (the others are said once)."""
+    wl = WORKLOADS[workload]
+    runs = [c for c in wl.contenders if is_known(workload, c)]
+    if skipped := [c for c in wl.contenders if c not in runs]:
+        log(f"{workload}: not in this harness: {', '.join(skipped)}" + _RESEARCH_HINT)
+    return runs
 
 
 def _bounded(contender: str) -> bool:

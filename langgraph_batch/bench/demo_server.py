@@ -129,6 +129,7 @@ async def _identify(server: Server) -> None:
 
 
 async def server_stats(server: Server) -> dict[str, Any]:
+    """The emulator's counters (`/emulator/stats`); empty for a server that is not one."""
     if not server.emulated:
         return {}
     try:
@@ -140,6 +141,7 @@ async def server_stats(server: Server) -> dict[str, Any]:
 
 
 async def reset_server(server: Server) -> None:
+    """Reset the emulator's counters and caches between runs (nothing for a real server)."""
     if server.emulated:
         with contextlib.suppress(httpx.HTTPError):
             async with httpx.AsyncClient(timeout=10.0, headers=server.headers()) as client:

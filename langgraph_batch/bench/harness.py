@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import platform
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,14 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from langgraph_batch.bench import live, metrics, report, timeline
-from langgraph_batch.bench._paths import batchagent_venv, checkout_root, child_env, package_parent
+from langgraph_batch.bench._paths import child_env
 from langgraph_batch.bench.contenders import RESULT_PREFIX, sum_stats
-from langgraph_batch.bench.routers import point_job_at, split_router, start_router, stop_router
+from langgraph_batch.bench.extension import active
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.bench.workloads import (
     SINGLE_TURN,
@@ -59,7 +57,6 @@ MODULES = {
     "naive-bounded": "langgraph_batch.bench.contenders.naive",
     "langgraph-batch": "langgraph_batch.bench.contenders.lgb",
     "langgraph-batch-rr": "langgraph_batch.bench.contenders.lgb",
-    "batchagent": "langgraph_batch.bench.contenders.batchagent_runner",
 }
 SINGLE_TURN_MODULE = "langgraph_batch.bench.contenders.single"
 SIMULATION_MODULE = "langgraph_batch.bench.contenders.simulation"
@@ -70,57 +67,16 @@ SINGLE_TURN_CONTENDERS = (
     "langgraph-batch-fan-out",
     "langgraph-batch-nobatch",
 )
-BATCHAGENT_SPEC = "batch-agent==0.2.0"
 MODEL = "emulated-llama-3-8b"
+BOUND = "ideal"
+"""The lower bound's entry (the research harness computes it: `BenchExtension.bound`)."""
 LAG_WARN_S = 0.5
-# The batchagent venv has no LangGraph, and `langgraph_batch/__init__.py` imports
-# it: register the packages down to `contenders` (their directory is argv[1]:
-# a PYTHONPATH could put the bench's own site-packages ahead of that venv's)
-# without running their `__init__`s, then run the stdlib-only runner as `__main__`.
-_STDLIB_RUNNER = (
-    "import runpy, sys, types\n"
-    "base = sys.argv.pop(1) + '/langgraph_batch'\n"
-    "for name, sub in (('langgraph_batch', ''), ('langgraph_batch.bench', '/bench'),\n"
-    "                  ('langgraph_batch.bench.contenders', '/bench/contenders')):\n"
-    "    mod = types.ModuleType(name)\n"
-    "    mod.__path__ = [base + sub]\n"
-    "    sys.modules[name] = mod\n"
-    "runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)\n"
-)
 
 
 def log(msg: str) -> None:
+    """One timestamped progress line on stderr."""
     sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {msg}\n")
     sys.stderr.flush()
-
-
-def batchagent_python() -> Path:
-    """The batchagent venv's python, creating the venv on first use.
-
-    Raises:
-        RuntimeError: if the venv cannot be created or batch-agent not installed.
-    """
-    venv = batchagent_venv()
-    py = venv / "bin" / "python"
-    check = [str(py), "-c", "import batch_agent"]
-    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return py
-    log(f"creating {venv} with {BATCHAGENT_SPEC} (first run only)")
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
-        [str(py), "-m", "pip", "install", "-q", BATCHAGENT_SPEC],
-    ]
-    # The main venv may itself have been created without pip in its base python.
-    for cmd in steps:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"could not set up the batchagent venv: `{shlex.join(cmd)}` failed: "
-                f"{(proc.stderr or proc.stdout)[-500:]}"
-            )
-    if subprocess.run(check, capture_output=True).returncode != 0:
-        raise RuntimeError(f"{BATCHAGENT_SPEC} installed but `import batch_agent` fails")
-    return py
 
 
 def versions() -> dict[str, Any]:
@@ -131,41 +87,19 @@ def versions() -> dict[str, Any]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = None
-    out["batch-agent"] = BATCHAGENT_SPEC.split("==")[1]
     out["cpu_count"] = os.cpu_count()
-    root = checkout_root()
-    out["installed"] = root is None
-    out["git_commit"] = None  # an installed package has no checkout to ask
-    if root is not None:
-        try:
-            proc = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=root,
-                check=False,
-            )
-            out["git_commit"] = proc.stdout.strip() or None
-        except OSError:  # no git
-            pass
+    # An installed package has no checkout to ask: the research harness fills these in.
+    out["installed"] = True
+    out["git_commit"] = None
     return out
 
 
-def lower_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
-    """The `ideal` contender: the KV-valid bound for long-horizon shapes, else `ideal.ideal`."""
-    from langgraph_batch.bench.contenders import ideal, kv_bound
-
-    if wl.simulation:
-        return kv_bound.simulation_bound(wl, n=n, seed=seed)
-    if wl.turns_range is not None or wl.extra.get("bound") == "kv":
-        # Long-horizon shapes whose contexts outgrow the KV cache: the KV-valid bound.
-        return kv_bound.agents_bound(wl, n=n, seed=seed)
-    return ideal.ideal(wl, n=n, seed=seed)
-
-
 def module_for(workload: str, name: str) -> str:
-    """The module a contender of `workload` runs (a router contender: its base's)."""
-    name = split_router(name)[0]
+    """The module a contender of `workload` runs (a variant, such as a router one: its base's)."""
+    ext = active()
+    if (module := ext.module(name)) is not None:
+        return module
+    name = ext.base(name)
     if workload in SINGLE_TURN:
         return SINGLE_TURN_MODULE
     if workload in WORKLOADS and WORKLOADS[workload].simulation:  # a replay: agents
@@ -194,18 +128,13 @@ def run_contender(
     `[wall_s, running, waiting, busy_s]` rows that show how the contender
     loads the server.
     """
-    python: Path | str = sys.executable
-    if name == "batchagent":
-        try:
-            python = batchagent_python()
-        except RuntimeError as exc:
-            return None, str(exc), []
     env = child_env()
     env.setdefault("LANGSMITH_TRACING", "false")
-    cmd = [str(python), "-m", module_for(job["workload"], name)]
-    if name == "batchagent":
-        env.pop("PYTHONPATH")
-        cmd = [str(python), "-c", _STDLIB_RUNNER, str(package_parent()), cmd[-1]]
+    cmd = [sys.executable, "-m", module_for(job["workload"], name)]
+    try:
+        cmd, env = active().command(name, cmd, env)
+    except RuntimeError as exc:
+        return None, str(exc), []
     trace: list[list[float]] = []
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
@@ -373,6 +302,7 @@ def run_workload(
     cfg = EmulatorConfig(**emu_kwargs)
     results: dict[str, Any] = {}
     warnings: list[str] = []
+    ext = active()
     log(
         f"{wl.id}: N={n}, time scale {time_scale}, {wl.replicas} {wl.flavor} replica(s), "
         f"contenders {', '.join(contenders)}"
@@ -381,8 +311,8 @@ def run_workload(
         urls = [stack.enter_context(EmulatorProcess(cfg)).url for _ in range(wl.replicas)]
         tool_url = stack.enter_context(tool_service(tool_config(wl, time_scale, seed)))
         for name in contenders:
-            if name == "ideal":
-                results[name] = lower_bound(wl, n=n, seed=seed)
+            if name == BOUND:
+                results[name] = ext.bound(wl, n=n, seed=seed)
                 log(f"{wl.id}: ideal makespan {results[name]['makespan_s']:.2f} s (emulated)")
                 continue
             for url in urls:
@@ -397,26 +327,25 @@ def run_workload(
                 model=MODEL,
                 contender=name,
                 time_scale=time_scale,
+                base=ext.base(name),
             )
             if lgb_options:
                 job["lgb_options"] = lgb_options
-            router = None
-            if (mode := split_router(name)[1]) is not None:  # through vllm-router
-                try:
-                    router = start_router(mode, urls, profile=wl.profile, time_scale=time_scale)
-                except RuntimeError as exc:
-                    log(f"{wl.id}: {name} skipped: {exc}")
-                    results[name] = {"error": f"skipped: {str(exc)[:300]}"}
-                    continue
-                point_job_at(job, router)
+            around = ExitStack()  # e.g. a router in front of the replicas, for this run only
+            try:
+                added = around.enter_context(
+                    ext.around(name, job, urls=urls, profile=wl.profile, time_scale=time_scale)
+                )
+            except RuntimeError as exc:
+                log(f"{wl.id}: {name} skipped: {exc}")
+                results[name] = {"error": f"skipped: {str(exc)[:300]}"}
+                continue
             load_before = os.getloadavg()
             t0 = time.monotonic()
-            try:
+            with around:
                 client, error, samples = run_contender(
                     name, job, timeout=timeout, trace_urls=urls if trace else None
                 )
-            finally:
-                router_info = stop_router(router, time_scale=time_scale)
             wall = time.monotonic() - t0
             if client is None:
                 log(f"{wl.id}: {name} FAILED: {error}")
@@ -447,8 +376,7 @@ def run_workload(
                 entry["requests_per_replica"] = stats.get("per_replica_requests")
             if trace:
                 entry["server_trace"] = samples
-            if router_info is not None:
-                entry["router"] = router_info
+            entry.update(added)
             entry["loadavg"] = {"before": load_before, "after": os.getloadavg()}
             results[name] = entry
             _log_entry(wl.id, name, entry, wall)
@@ -490,8 +418,9 @@ def _result(
         "contenders": results,
     }
     out["ratios"] = report.ratios(results)
-    out["goals"] = report.goals(wl.id, results, n)
+    out["goals"] = []  # the research harness evaluates the issues' goals (`finish`)
     out["warnings"] = warnings
+    active().finish(out)
     return out
 
 
@@ -541,19 +470,17 @@ def _run_live(
         )
         identity["tool_tokens_per_word"] = tools.tokens_per_word
         tool_url = stack.enter_context(tool_service(tools))
+        ext = active()
         for name in contenders:
-            if name == "ideal":
-                entry = lower_bound(wl, n=n, seed=seed)
+            if name == BOUND:
+                entry = ext.bound(wl, n=n, seed=seed)
                 entry["note"] += (
                     f"; the {wl.profile} cost model, not {target.url}: a reference only"
                 )
                 results[name] = entry
                 continue
-            if name == "batchagent":
-                results[name] = {"error": "batchagent cannot force the workload's shapes"}
-                continue
-            if split_router(name)[1] is not None:
-                results[name] = {"error": "router contenders run on the emulator only"}
+            if (refusal := ext.live_refusal(name)) is not None:
+                results[name] = {"error": refusal}
                 continue
             # A fresh random prefix per contender: no contender reuses another's cache.
             prompts = (live.run_nonce() + system[nonce_end:], tasks)
@@ -568,6 +495,7 @@ def _run_live(
                 contender=name,
                 prompts=prompts,
                 live={"flavor": target.flavor, "lgb_url": target.lgb_url},
+                base=ext.base(name),
             )
             if lgb_options:
                 job["lgb_options"] = lgb_options

@@ -2,11 +2,12 @@
 
 The emulator (or `--server URL`) and the tool service run in their own
 processes, as for a workload (`harness`); each contender runs the replay
-job (`replay.make_replay_job`) in its own process after a reset; the
-`ideal` entry is the replay's resident bound. The results hold, beside each
-contender's usual entry, `recorded` (the recorded run's figures, measured
-the same way) and `fidelity`: each contender's replayed figure over the
-recorded one, for the token counts, cache hits, tool waits and makespan.
+job (`replay.make_replay_job`) in its own process after a reset; with the
+repository's research harness, an `ideal` entry holds the replay's resident
+bound. The results hold, beside each contender's usual entry, `recorded`
+(the recorded run's figures, measured the same way) and `fidelity`: each
+contender's replayed figure over the recorded one, for the token counts,
+cache hits, tool waits and makespan.
 Written as `<out>/replay.json` and `<out>/replay.md`. `FILE` may also be a
 trace in another format (`--format`; `langgraph_batch.record.import_trace`).
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_batch.bench import live, metrics, replay, timeline
+from langgraph_batch.bench.extension import active
 from langgraph_batch.bench.harness import (
     MODEL,
     _finish_entry,
@@ -52,11 +54,21 @@ __all__ = (
     "compare",
     "gap_figures",
     "markdown",
+    "replay_contenders",
     "run_replay",
     "write",
 )
 
-REPLAY_CONTENDERS = ("naive", "naive-bounded", "langgraph-batch", "ideal")
+REPLAY_CONTENDERS = ("naive", "naive-bounded", "langgraph-batch")
+"""The wheel's replay contenders (the research harness adds `ideal`, `replay_contenders`)."""
+
+
+def replay_contenders() -> tuple[str, ...]:
+    """`REPLAY_CONTENDERS`, then `ideal` when the active extension computes the bound."""
+    bound = ("ideal",) if active().knows("replay", "ideal") else ()
+    return (*REPLAY_CONTENDERS, *bound)
+
+
 PROFILE = "h100-llama3-8b"
 STARTS = ("recorded", "together")
 """How replayed siblings start: at their recorded offsets, or all at once."""
@@ -184,7 +196,7 @@ def run_replay(
         tool_url = stack.enter_context(tool_service(replay.tool_config(syn, scale, seed)))
         for name in contenders:
             if name == "ideal":
-                results[name] = replay.resident_bound(rp, syn, profile_name=PROFILE, start=start)
+                results[name] = active().replay_bound(rp, syn, profile_name=PROFILE, start=start)
                 continue
             if target is None:
                 metrics.reset_emulator(llm_url)

@@ -1,7 +1,8 @@
-"""Write a workload's results: JSON (all raw numbers), a Markdown table and a PNG chart.
+"""Write a workload's results: JSON (all raw numbers) and a Markdown table.
 
-The goals are evaluated in `langgraph_batch.bench.goals` (re-exported here) from
-the JSON numbers only, and printed under each table.
+A result's `goals`, when it has any (the research harness evaluates the
+issues' goals, `benchmarks/goals.py`), are printed under its table; the
+research harness also draws each workload's chart (`BenchExtension.written`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from langgraph_batch.bench.goals import _num, _ratio, best_bounded, goals
-from langgraph_batch.bench.routers import router_markdown
+from langgraph_batch.bench.extension import active
 
-__all__ = ("best_bounded", "goals", "markdown", "ratios", "summary_markdown", "write")
+__all__ = ("markdown", "ratios", "summary_markdown", "write")
 
 LGB = "langgraph-batch"
+
+
+def _num(entry: Mapping[str, Any] | None, key: str) -> float | None:
+    if not entry or entry.get("error"):
+        return None
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return None
+    if b == 0:
+        return 0.0 if a == 0 else math.inf
+    return a / b
+
 
 #: Per-contender keys every non-ideal entry carries (the issue's list).
 METRIC_KEYS = (
@@ -204,7 +222,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             )
             lines.append("")
     lines += breakdown_markdown(contenders)
-    lines += router_markdown(contenders)
+    lines += active().sections(contenders)
     nobatch = _num(contenders.get("langgraph-batch-nobatch"), "makespan_s")
     if nobatch is not None and _num(lgb, "makespan_s"):
         lines.append(
@@ -237,68 +255,16 @@ def header_sep(header: str) -> str:
     return "|" + " --- |" * cols
 
 
-def chart(result: Mapping[str, Any], path: Path) -> None:
-    """A PNG with makespan and p95 sibling latency per contender."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    contenders: Mapping[str, Mapping[str, Any]] = result["contenders"]
-    names = list(contenders)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    palette = {
-        LGB: "#2a9d8f",
-        "langgraph-batch-rr": "#76c7bd",
-        "ideal": "#adb5bd",
-        "naive": "#e76f51",
-        "naive-bounded": "#f4a261",
-        "batchagent": "#8d99ae",
-        "langgraph-batch-fan-out": "#3fb8a9",
-        "langgraph-batch-nobatch": "#9bd3cb",
-        "abatch": "#e76f51",
-        "abatch-bounded": "#f4a261",
-    }
-    for ax, key, title in (
-        (axes[0], "makespan_s", "makespan (s, lower is better)"),
-        (axes[1], "latency_p95_s", "p95 sibling latency (s, lower is better)"),
-    ):
-        values = [_num(contenders[n], key) for n in names]
-        heights = [v if v is not None else 0.0 for v in values]
-        colors = [palette.get(n, "#6c757d") for n in names]
-        bars = ax.bar(range(len(names)), heights, color=colors)
-        for bar, v, n in zip(bars, values, names, strict=True):
-            label = "failed" if contenders[n].get("error") else ("n/a" if v is None else f"{v:.2f}")
-            ax.annotate(
-                label,
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
-        ax.set_title(title, fontsize=10)
-    params = result["params"]
-    server = params.get("server") or {}
-    where = (
-        f"{server.get('url')}, model {server.get('model')}"
-        if server.get("live")
-        else f"emulated {params.get('profile')}, time scale {params.get('time_scale')}"
-    )
-    fig.suptitle(f"{result['workload']} (N={params.get('n')}, {where})", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _is_flat(value: Any) -> bool:
     return isinstance(value, list) and all(not isinstance(v, dict | list) for v in value)
 
 
 def dumps(obj: Any, indent: int = 0) -> str:
-    """JSON like `json.dumps(obj, indent=2)`, but a list of scalars stays on one line
-    and a list of such lists gets one line per item (timelines, request rows)."""
+    """JSON like `json.dumps(obj, indent=2)`, with lists kept short.
+
+    A list of scalars stays on one line and a list of such lists gets one line
+    per item (timelines, request rows).
+    """
     pad, inner = "  " * indent, "  " * (indent + 1)
     if isinstance(obj, dict):
         if not obj:
@@ -319,17 +285,13 @@ def dumps(obj: Any, indent: int = 0) -> str:
 
 
 def write(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """Write `<out>/<workload>.json`, `.md` and `.png`; returns the paths."""
+    """Write `<out>/<workload>.json` and `.md` (and what the extension adds); returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     wl = result["workload"]
-    paths = {
-        "json": out_dir / f"{wl}.json",
-        "md": out_dir / f"{wl}.md",
-        "png": out_dir / f"{wl}.png",
-    }
+    paths = {"json": out_dir / f"{wl}.json", "md": out_dir / f"{wl}.md"}
     paths["json"].write_text(dumps(result) + "\n")
     paths["md"].write_text(markdown(result))
-    chart(result, paths["png"])
+    active().written(result, paths)
     return paths
 
 
@@ -344,29 +306,3 @@ def summary_markdown(results: Sequence[Mapping[str, Any]], command: str, date: s
     parts = [f"Measured {date} with `{command}` {where}.", ""]
     parts += [markdown(r) for r in results]
     return "\n".join(parts)
-
-
-def rerender(out_dir: Path) -> None:
-    """Recompute ratios and goals of every `<out>/W<n>.json` and rewrite its .md/.png.
-
-    Other runs kept beside them (`W8_router.json`) are left alone.
-    """
-    results = []
-    for path in sorted(out_dir.glob("W*.json")):
-        if not path.stem[1:].isdigit():
-            continue
-        result = json.loads(path.read_text())
-        result["ratios"] = ratios(result["contenders"])
-        result["goals"] = goals(result["workload"], result["contenders"], result["params"]["n"])
-        write(result, out_dir)
-        results.append(result)
-    summary = out_dir / "SUMMARY.md"
-    if summary.exists() and results:
-        head = summary.read_text().splitlines()[0]
-        summary.write_text(head + "\n\n" + "\n".join(markdown(r) for r in results))
-
-
-if __name__ == "__main__":
-    import sys
-
-    rerender(Path(sys.argv[1]))

@@ -303,6 +303,7 @@ def tool_service(config: ToolServiceConfig) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Serve the tool service (`python -m langgraph_batch.bench.toolservice --port P`)."""
     parser = argparse.ArgumentParser(prog="python -m langgraph_batch.bench.toolservice")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

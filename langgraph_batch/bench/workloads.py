@@ -15,7 +15,6 @@ from typing import Any
 
 from langgraph_batch.bench._long_horizon import LONG_HORIZON_BOUNDED, long_horizon_workloads
 from langgraph_batch.bench._scaled import scaled_workloads
-from langgraph_batch.bench.routers import split_router
 from langgraph_batch.bench.toolservice import ToolServiceConfig
 from langgraph_batch.emulator.config import EmulatorConfig
 from langgraph_batch.emulator.costs import get_profile
@@ -132,6 +131,8 @@ class Workload:
         "langgraph-batch",
         "ideal",
     )
+    """What `make bench` runs; `langgraph-batch bench` alone runs those it has (not
+    `ideal` or `batchagent`: the research harness's, `langgraph_batch.bench.extension`)."""
     system_head: str = (
         "You are a careful research agent. Use the web_search tool to look up the "
         "key named in the task, then answer with a JSON object that matches the schema. "
@@ -414,8 +415,12 @@ def make_job(
     prompts: tuple[str, list[str]] | None = None,
     live: dict[str, Any] | None = None,
     time_scale: float = 1.0,
+    base: str | None = None,
 ) -> dict[str, Any]:
     """The JSON job a contender process runs.
+
+    `base`: the contender whose job a variant runs (a router contender of the
+    research harness runs its base's; default: `contender` itself).
 
     `llm_url` is one server or a list of replicas (W4): `llm_urls` holds them
     all, `llm_url` the first (where single-server code looks). `prompts`:
@@ -427,7 +432,7 @@ def make_job(
     urls = [llm_url] if isinstance(llm_url, str) else list(llm_url)
     system, tasks = prompts or (system_prompt(wl, seed), [task_text(wl, i, seed) for i in range(n)])
     forced = live is not None or wl.id in SINGLE_TURN
-    base = split_router(contender)[0]  # a router contender runs its base's job
+    base = base or contender
     return {
         "workload": wl.id,
         "contender": contender,

@@ -157,7 +157,7 @@ def test_bench_server_against_the_emulator_as_an_ordinary_server(tmp_path: Path)
         port = emu.url.rsplit(":", 1)[1]
         server = f"vllm://127.0.0.1:{port}"
         cmd = [
-            sys.executable, "-m", "langgraph_batch.cli", "bench", "W1", "--server", server,
+            sys.executable, "-m", "benchmarks.bench", "W1", "--server", server,
             "--model", MODEL, "--n", "4", "--contenders", "naive,langgraph-batch,ideal",
             "--out", str(tmp_path),
         ]  # fmt: skip

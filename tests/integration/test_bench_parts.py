@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import goals as research_goals
+from benchmarks.contenders.ideal import ideal
+from benchmarks.extension import research
 from langgraph_batch.bench import metrics, report
-from langgraph_batch.bench.contenders.ideal import ideal
 from langgraph_batch.bench.toolservice import ToolServiceConfig
 from langgraph_batch.bench.workloads import WORKLOADS, response_schema, system_prompt, task_text
 from langgraph_batch.emulator.scenarios import value_for_schema
@@ -86,7 +88,7 @@ def test_goals_report_ratios_and_misses(tmp_path: Path) -> None:
         | {"tool_distinct_keys": 10},
         "ideal": {"makespan_s": 5.0},
     }
-    goals = {g["goal"]: g for g in report.goals("W1", contenders, 100)}
+    goals = {g["goal"]: g for g in research_goals.goals("W1", contenders, 100)}
     assert goals["makespan <= 0.75x naive"]["met"] is False
     assert goals["makespan <= 0.75x naive"]["ideal_ratio"] == 0.5
     assert goals["makespan <= 0.70x naive-bounded"]["met"] is True
@@ -97,10 +99,12 @@ def test_goals_report_ratios_and_misses(tmp_path: Path) -> None:
     tail = goals["no straggler tail: makespan - p95 sibling latency <= 5% of makespan"]
     assert tail["measured"] == pytest.approx(1 - 7.0 / 8.0)
     assert tail["met"] is False
-    w3 = {g["goal"]: g for g in report.goals("W3", contenders | {"langgraph-batch": base}, 10)}
+    w3 = {
+        g["goal"]: g for g in research_goals.goals("W3", contenders | {"langgraph-batch": base}, 10)
+    }
     assert w3["0 preemptions"]["met"] is False  # base has 1.0
     assert w3["prefill tokens computed <= 0.5x naive's"]["measured"] == 1.0
-    w6 = report.goals("W6", contenders, 100)
+    w6 = research_goals.goals("W6", contenders, 100)
     assert [g["goal"] for g in w6] == ["makespan <= 0.70x naive"]
     assert w6[0]["measured"] == 0.8
     result = {
@@ -109,7 +113,8 @@ def test_goals_report_ratios_and_misses(tmp_path: Path) -> None:
         "contenders": contenders,
         "goals": list(goals.values()),
     }
-    paths = report.write(result, tmp_path)
+    with research():  # the chart
+        paths = report.write(result, tmp_path)
     md = paths["md"].read_text()
     assert "FAILED: could not install" in md
     assert "**MISSED**" in md
@@ -128,8 +133,8 @@ def test_long_horizon_goals_use_the_best_bounded_run_and_the_minimum_prefill() -
         | {"makespan_s": 200.0, "latency_p95_s": 180.0, "prefill_tokens_computed": 1.3e6},
         "ideal": {"makespan_s": 182.0, "min_prefill_tokens": 1.15e6},
     }
-    assert report.best_bounded(contenders) == "naive-bounded-24"
-    goals = {g["goal"]: g for g in report.goals("W8", contenders, 64)}
+    assert research_goals.best_bounded(contenders) == "naive-bounded-24"
+    goals = {g["goal"]: g for g in research_goals.goals("W8", contenders, 64)}
     assert goals["makespan <= 1.15x the KV-valid bound"]["met"] is True
     assert goals["makespan <= 0.5x naive"]["measured"] == pytest.approx(200 / 600)
     best = goals["makespan <= 0.65x the best naive-bounded (naive-bounded-24)"]
@@ -141,7 +146,7 @@ def test_long_horizon_goals_use_the_best_bounded_run_and_the_minimum_prefill() -
     assert prefill["met"] is True
     assert goals["0 preemptions"]["met"] is True
     assert goals["p95 sibling latency <= naive's"]["met"] is True
-    w9 = {g["goal"]: g for g in report.goals("W9", contenders, 64)}
+    w9 = {g["goal"]: g for g in research_goals.goals("W9", contenders, 64)}
     assert w9["makespan < the best naive-bounded (naive-bounded-24)"]["met"] is True
     assert "p95 sibling latency <= naive's" not in w9
 
@@ -178,7 +183,7 @@ def test_results_json_keeps_timelines_on_one_line_per_item(tmp_path: Path) -> No
 def test_kv_bound_keeps_contexts_when_they_fit_and_drops_the_longest_waits_when_not() -> None:
     from dataclasses import replace
 
-    from langgraph_batch.bench.contenders import kv_bound
+    from benchmarks.contenders import kv_bound
 
     w8 = replace(WORKLOADS["W8"], kv_tokens=10_000_000)
     roomy = kv_bound.agents_bound(w8, n=6, seed=0)
@@ -199,7 +204,7 @@ def test_kv_bound_keeps_contexts_when_they_fit_and_drops_the_longest_waits_when_
 def test_kv_bound_with_a_second_tier_parks_waiting_contexts_instead_of_recomputing() -> None:
     from dataclasses import replace
 
-    from langgraph_batch.bench.contenders import kv_bound
+    from benchmarks.contenders import kv_bound
 
     w8 = replace(WORKLOADS["W8"], kv_tokens=40_000)
     none = kv_bound.agents_bound(w8, n=6, seed=0)
@@ -217,7 +222,7 @@ def test_kv_bound_with_a_second_tier_parks_waiting_contexts_instead_of_recomputi
 def test_simulation_bound_recomputes_what_outgrows_the_cache() -> None:
     from dataclasses import replace
 
-    from langgraph_batch.bench.contenders import kv_bound
+    from benchmarks.contenders import kv_bound
 
     w9 = replace(WORKLOADS["W9"], ticks=8)
     roomy = kv_bound.simulation_bound(replace(w9, kv_tokens=10_000_000), n=6, seed=0)
@@ -233,7 +238,7 @@ def test_the_kv_valid_bound_is_not_above_the_step_shape_lp() -> None:
     """The even spread of kv_bound prices W8's work no higher than the cheapest mix of
     engine steps (an LP over every step shape, benchmarks/bound_lp.py): it is a bound."""
     from benchmarks.bound_lp import lp_bound
-    from langgraph_batch.bench.contenders import kv_bound
+    from benchmarks.contenders import kv_bound
 
     wl = WORKLOADS["W8"]
     lp = lp_bound(wl, n=16, seed=0)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from langgraph_batch.bench import routers
+from benchmarks import routers
 from langgraph_batch.bench._long_horizon import W10_KV_TOKENS
 from langgraph_batch.bench.workloads import WORKLOADS
 
@@ -28,7 +28,7 @@ N = 3
 
 def _bench(workload: str, contenders: str, out: Path) -> dict[str, dict[str, object]]:
     """Run `langgraph-batch bench <workload> --n 3` and return its contenders' entries."""
-    cmd = [sys.executable, "-m", "langgraph_batch.cli", "bench", workload, "--n", str(N),
+    cmd = [sys.executable, "-m", "benchmarks.bench", workload, "--n", str(N),
            "--contenders", contenders, "--time-scale", "20", "--out", str(out)]  # fmt: skip
     env = dict(os.environ, LANGSMITH_TRACING="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT, env=env)

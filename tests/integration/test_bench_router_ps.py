@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from langgraph_batch.bench import routers
+from benchmarks.extension import research
+from benchmarks.routers import process as routers
 from langgraph_batch.bench.harness import run_workload
 from langgraph_batch.bench.workloads import WORKLOADS
 
@@ -35,7 +36,7 @@ def test_router_contenders_complete_and_carry_program_identity(tmp_path: Path) -
     if reason is not None:
         pytest.skip(reason)
     contenders = "naive-router,naive-router-ps,langgraph-batch-router-ps"
-    cmd = [sys.executable, "-m", "langgraph_batch.cli", "bench", "W8", "--n", str(N),
+    cmd = [sys.executable, "-m", "benchmarks.bench", "W8", "--n", str(N),
            "--contenders", contenders, "--time-scale", "20", "--out", str(tmp_path)]  # fmt: skip
     env = dict(os.environ, LANGSMITH_TRACING="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT, env=env)
@@ -71,13 +72,14 @@ def test_a_router_contender_without_the_router_is_skipped_with_the_reason(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(routers, "router_unavailable", lambda kind: "vllm-router is not installed")
-    result = run_workload(
-        WORKLOADS["W8"],
-        n=2,
-        contenders=["naive-router-ps"],
-        time_scale=20.0,
-        seed=0,
-        timeout=60.0,
-    )
+    with research():
+        result = run_workload(
+            WORKLOADS["W8"],
+            n=2,
+            contenders=["naive-router-ps"],
+            time_scale=20.0,
+            seed=0,
+            timeout=60.0,
+        )
     error = result["contenders"]["naive-router-ps"]["error"]
     assert error == "skipped: vllm-router is not installed"

@@ -1,4 +1,8 @@
-"""Smoke test of `langgraph-batch bench`: a tiny W2 run writes complete results."""
+"""Smoke test of `langgraph-batch bench`: a tiny W2 run writes complete results.
+
+Runs the research harness (`python -m benchmarks.bench`: the bounds, goals and
+charts) and, for W6, the wheel's own `langgraph-batch bench`.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+WHEEL = ("langgraph_batch.cli", "bench")
+RESEARCH = ("benchmarks.bench",)
 
 REQUIRED = (
     "makespan_s",
@@ -36,8 +42,7 @@ def test_bench_w2_small_writes_json_table_and_chart(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "langgraph_batch.cli",
-        "bench",
+        *RESEARCH,
         "W2",
         "--n",
         "4",
@@ -78,8 +83,10 @@ def test_bench_w2_small_writes_json_table_and_chart(tmp_path: Path) -> None:
     assert (tmp_path / "W2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _bench(tmp_path: Path, *args: str, timeout: float) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "langgraph_batch.cli", "bench", *args, "--out", str(tmp_path)]
+def _bench(
+    tmp_path: Path, *args: str, timeout: float, command: tuple[str, ...] = RESEARCH
+) -> dict[str, object]:
+    cmd = [sys.executable, "-m", *command, *args, "--out", str(tmp_path)]
     env = dict(os.environ, LANGSMITH_TRACING="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -99,6 +106,7 @@ def test_bench_w6_small_runs_on_the_sglang_emulator(tmp_path: Path) -> None:
         "--time-scale",
         "20",
         timeout=50,
+        command=WHEEL,
     )
     params = data["params"]
     assert isinstance(params, dict)
@@ -114,6 +122,9 @@ def test_bench_w6_small_runs_on_the_sglang_emulator(tmp_path: Path) -> None:
     ratios = data["ratios"]
     assert isinstance(ratios, dict)
     assert ratios["naive/langgraph-batch"]["prefill_tokens_computed"] > 0
+    # The wheel's harness alone: no goals, no chart (the research harness adds them).
+    assert data["goals"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["W6.json", "W6.md"]
 
 
 @pytest.mark.timeout(60)
@@ -157,7 +168,7 @@ def test_bench_w4_small_sums_counters_over_replicas(tmp_path: Path) -> None:
 @pytest.mark.timeout(150)
 def test_bench_w7_small_runs_the_single_turn_contenders(tmp_path: Path) -> None:
     cmd = [
-        sys.executable, "-m", "langgraph_batch.cli", "bench", "W7", "--n", "6",
+        sys.executable, "-m", *RESEARCH, "W7", "--n", "6",
         "--contenders", "abatch-bounded,langgraph-batch,langgraph-batch-fan-out,"
         "langgraph-batch-nobatch,ideal",
         "--time-scale", "10", "--out", str(tmp_path),

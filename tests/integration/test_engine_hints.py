@@ -179,7 +179,7 @@ def tool_agent(llm: BatchedChatModel) -> Any:
 async def test_the_learned_tool_wait_reaches_the_engine_as_kv_retention(
     start_emulator: Callable[..., str],
 ) -> None:
-    from langgraph_batch.bench.routers import router_unavailable, start_router
+    from benchmarks.routers.process import router_unavailable, start_router
 
     url = await asyncio.to_thread(
         start_emulator, agentic_context=True, output_tokens=8, time_scale=1.0

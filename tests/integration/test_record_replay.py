@@ -125,7 +125,7 @@ async def test_a_recorded_fan_out_run_replays_within_a_few_percent(
     assert 0 < len(recording.tools) < 9  # coalesced: fewer runs than the 9 calls
 
     cmd = [
-        sys.executable, "-m", "langgraph_batch.cli", "bench", "--replay", str(path),
+        sys.executable, "-m", "benchmarks.bench", "--replay", str(path),
         "--contenders", "naive,langgraph-batch,ideal", "--out", str(tmp_path / "out"),
     ]  # fmt: skip
     env = dict(os.environ, LANGSMITH_TRACING="false")

@@ -1,11 +1,14 @@
 """`bench --server` and `bench --replay` from the built wheel, in an empty venv, no checkout.
 
-Builds the wheel (`pip wheel`, hatchling), installs it with the `bench` extra
+Builds the wheel (`pip wheel`, hatchling), checks that it holds the harness
+users run and none of the research harness (`benchmarks/`: bounds, goals,
+routers, the prior-art contender, charts), installs it with the `bench` extra
 into a fresh virtual environment, starts that environment's own emulator as
 an ordinary server, and from a temporary directory (no checkout on any path)
-runs `langgraph-batch bench W1 --server ...`, records a small fan_out job with
-`langgraph_batch.record.Recorder` and replays it with `bench --replay`.
-Slow (~1 minute, most of it `pip install`); needs the package registry.
+runs `langgraph-batch bench --help`, `bench W1 --server ...`, records a small
+fan_out job with `langgraph_batch.record.Recorder` and replays it with
+`bench --replay`. Slow (~1 minute, most of it `pip install`); needs the
+package registry.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -23,6 +27,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "emulated-llama-3-8b"
+# What users run (`bench --server`, `--replay`, `demo`) is in the wheel ...
+SHIPPED = (
+    "langgraph_batch/bench/cli.py",
+    "langgraph_batch/bench/extension.py",
+    "langgraph_batch/bench/harness.py",
+    "langgraph_batch/bench/replay_run.py",
+    "langgraph_batch/bench/demo.py",
+    "langgraph_batch/bench/contenders/lgb.py",
+    "langgraph_batch/bench/contenders/naive.py",
+)
+# ... and the research harness is not (it is `benchmarks/`, a distribution of its own).
+RESEARCH_ONLY = ("goals", "routers", "ideal", "kv_bound", "batchagent", "bound", "chart")
 
 RECORD = '''
 import asyncio, sys
@@ -98,6 +114,11 @@ def test_bench_server_and_replay_from_the_wheel_in_an_empty_venv(tmp_path: Path)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
          tmp_path, env, 180)  # fmt: skip
     (wheel,) = dist.glob("langgraph_batch-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert all(name in names for name in SHIPPED), [n for n in SHIPPED if n not in names]
+    assert not [n for n in names if n.startswith("benchmarks/")]
+    research = [n for n in names if any(w in n.rsplit("/", 1)[-1] for w in RESEARCH_ONLY)]
+    assert research == [], research
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 120)
     py, cli = venv / "bin" / "python", venv / "bin" / "langgraph-batch"
@@ -127,11 +148,24 @@ def test_bench_server_and_replay_from_the_wheel_in_an_empty_venv(tmp_path: Path)
             assert time.monotonic() < deadline, "the wheel's emulator did not start"
             time.sleep(0.2)
         server = f"vllm://127.0.0.1:{port}"
-        _run([str(cli), "bench", "W1", "--n", "2", "--server", server, "--model", MODEL,
-              "--contenders", "naive,langgraph-batch,ideal"], work, env, 240)  # fmt: skip
+        usage = _run([str(cli), "bench", "--help"], work, env, 60)
+        assert all(option in usage for option in ("--server", "--replay", "--price"))
+        # The bounds are the research harness's: the wheel says where they are.
+        refused = subprocess.run(
+            [str(cli), "bench", "W1", "--n", "2", "--server", server, "--model", MODEL,
+             "--contenders", "naive,ideal"],
+            cwd=work, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stderr
+        assert "research harness (benchmarks/, make bench)" in refused.stderr
+        _run([str(cli), "bench", "W1", "--n", "2", "--server", server, "--model", MODEL],
+             work, env, 240)  # fmt: skip
         w1 = json.loads((work / "bench-results" / "W1.json").read_text())
         assert w1["versions"]["installed"] is True
         assert w1["versions"]["git_commit"] is None
+        assert set(w1["contenders"]) == {"naive", "naive-bounded", "langgraph-batch"}
+        assert w1["goals"] == []
+        assert sorted(p.name for p in (work / "bench-results").iterdir()) == ["W1.json", "W1.md"]
         for name in ("naive", "langgraph-batch"):
             entry = w1["contenders"][name]
             assert "error" not in entry, entry
@@ -143,9 +177,10 @@ def test_bench_server_and_replay_from_the_wheel_in_an_empty_venv(tmp_path: Path)
         emu.terminate()
         emu.wait(timeout=30)
     _run([str(cli), "bench", "--replay", "job.jsonl", "--contenders",
-          "naive,langgraph-batch,ideal", "--time-scale", "4"], work, env, 240)  # fmt: skip
+          "naive,langgraph-batch", "--time-scale", "4"], work, env, 240)  # fmt: skip
     result = json.loads((work / "bench-results" / "replay.json").read_text())
     assert result["recorded"]["llm_requests"] == 8
+    assert set(result["contenders"]) == {"naive", "langgraph-batch"}
     for name in ("naive", "langgraph-batch"):
         entry = result["contenders"][name]
         assert entry["failures"] == 0, entry["errors"]

@@ -183,7 +183,7 @@ def test_the_demo_and_the_bench_are_applications_on_top_of_the_library() -> None
     # `langgraph_batch.bench` (the benchmark harness and the demo built from its
     # workload and contenders) uses the library; the library never imports it,
     # except the CLI, lazily, to run `bench` and `demo`. Nothing in the package
-    # reaches into the source checkout's `benchmarks/` (results and scripts).
+    # reaches into the repository's `benchmarks/` (the research harness, results).
     modules = _modules()
     demos = [name for name in modules if name.rpartition(".")[2].lstrip("_").startswith("demo")]
     assert demos
@@ -207,6 +207,14 @@ def test_the_demo_and_the_bench_are_applications_on_top_of_the_library() -> None
     demo = graph["langgraph_batch.bench.demo"]
     for part in ("contenders.lgb", "contenders.naive", "workloads", "toolservice"):
         assert f"langgraph_batch.bench.{part}" in demo, part  # it reuses the benchmark's parts
+
+
+def test_the_research_harness_stays_out_of_the_package() -> None:
+    # The bounds, goals, routers and the prior-art contender are `benchmarks/` (a
+    # distribution of its own); the wheel's bench only leaves a seam for them.
+    bench = {n.rpartition(".")[2] for n in _modules() if n.startswith("langgraph_batch.bench.")}
+    assert "extension" in bench
+    assert not bench & {"goals", "routers", "ideal", "kv_bound", "batchagent_runner"}, bench
 
 
 def test_modules_stay_readable() -> None:

@@ -2,9 +2,9 @@
 
 A contender module is run as `python -m langgraph_batch.bench.contenders.<name>`
 with a job JSON on stdin and prints one result JSON line on stdout. `_common`
-and `batchagent_runner` import nothing beyond the standard library (and
-batch_agent, httpx): the `batchagent` contender runs in its own virtual
-environment, without LangGraph (see `harness._STDLIB_RUNNER`).
+imports nothing beyond the standard library: the research harness's
+`batchagent` contender (`benchmarks/contenders/batchagent_runner.py`) uses it
+in its own virtual environment, without LangGraph.
 """
 
 from __future__ import annotations

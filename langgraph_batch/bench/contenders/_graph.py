@@ -327,8 +327,10 @@ def bind_answer(llm: BaseChatModel | None, tools: Sequence[BaseTool]) -> Any:
 
 
 def call_key(key: str, calls_before: int) -> str:
-    """A sibling's tool-call argument after `calls_before` earlier calls (the emulator's rule:
-    `langgraph_batch.emulator.scenarios.call_key`)."""
+    """A sibling's tool-call argument after `calls_before` earlier calls.
+
+    The emulator's rule: `langgraph_batch.emulator.scenarios.call_key`.
+    """
     return key if calls_before == 0 else f"{key}.{calls_before}"
 
 

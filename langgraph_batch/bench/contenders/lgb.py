@@ -126,6 +126,7 @@ def _no_tools() -> Any:
 
 
 def main() -> None:
+    """Run the job on stdin and print its result line (`python -m ...lgb`)."""
     job = read_job()
     from langgraph_batch.bench.contenders._common import RECORDER
     from langgraph_batch.bench.contenders._graph import (

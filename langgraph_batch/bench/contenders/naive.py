@@ -9,6 +9,7 @@ as a round-robin load balancer in front of them would send it.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from langgraph.graph import END, START, StateGraph
@@ -61,10 +62,13 @@ def _session(job: dict[str, Any]) -> Any:
     header = job.get("session_header")
     if not header:
         return None
-    from langgraph_batch.bench.routers import session_id
-
     ids = [session_id(task) for task in job["tasks"]]
     return lambda llm, index: llm.bind(extra_headers={header: ids[index]})
+
+
+def session_id(task: str) -> str:
+    """An agent's program id for `X-Session-ID`: a digest of its task (a task id's stand-in)."""
+    return "agent-" + hashlib.blake2b(task.encode(), digest_size=8).hexdigest()
 
 
 def _no_tools() -> Any:
@@ -119,6 +123,7 @@ def round_robin(llms: list[Any]) -> Any:
 
 
 def main() -> None:
+    """Run the job on stdin and print its result line (`python -m ...naive`)."""
     job = read_job()
     from langgraph_batch.bench.contenders._graph import (
         bind,

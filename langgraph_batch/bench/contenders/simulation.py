@@ -171,6 +171,7 @@ def _agent_graph(llm: Any, ticks: int) -> Any:
 
 
 def main() -> None:
+    """Run the job on stdin and print its result line (`python -m ...simulation`)."""
     job = read_job()
     lgb = job["contender"] == "langgraph-batch"
     if lgb:

@@ -161,6 +161,7 @@ def build_fan_out(job: dict[str, Any], llm: Any) -> Any:
 
 
 def main() -> None:
+    """Run the job on stdin and print its result line (`python -m ...single`)."""
     job = read_job()
     name = job["contender"]
     if name in ("abatch", "abatch-bounded"):

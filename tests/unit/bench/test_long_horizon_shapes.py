@@ -7,9 +7,11 @@ from functools import cache
 
 import pytest
 
+from benchmarks import goals as research_goals
+from benchmarks.contenders.kv_bound import Turn, agent_turns
+from benchmarks.extension import Research
 from langgraph_batch.bench import cli, harness, report
 from langgraph_batch.bench._long_horizon import LONG_HORIZON_BOUNDED, W10_KV_TOKENS
-from langgraph_batch.bench.contenders.kv_bound import Turn, agent_turns
 from langgraph_batch.bench.workloads import (
     FULL_SIZE,
     WORKLOADS,
@@ -107,7 +109,7 @@ def test_public_shape_goals_use_the_best_bounded_and_the_kv_valid_bound() -> Non
         "ideal": {"makespan_s": 250.0, "min_prefill_tokens": 1.0e6},
     }
     for wid in ("W10", "W11"):
-        goals = {g["goal"]: g for g in report.goals(wid, contenders, 96)}
+        goals = {g["goal"]: g for g in research_goals.goals(wid, contenders, 96)}
         best = goals["makespan <= 0.85x the best naive-bounded (naive-bounded-32)"]
         assert best["measured"] == pytest.approx(280 / 300)
         assert best["met"] is False
@@ -123,7 +125,7 @@ def test_public_shape_goals_use_the_best_bounded_and_the_kv_valid_bound() -> Non
         assert p95["met"] is True
 
 
-def test_the_router_contenders_run_on_the_public_shapes() -> None:
+def test_the_router_contenders_run_on_the_public_shapes(with_research: Research) -> None:
     for wid in ("W10", "W11"):
         for name in ("naive-router-ps", "langgraph-batch-router-ps", "naive-bounded-32-router-ps"):
             assert cli.is_known(wid, name), (wid, name)
@@ -132,4 +134,4 @@ def test_the_router_contenders_run_on_the_public_shapes() -> None:
             == harness.MODULES["langgraph-batch"]
         )
         # The bound of a long-horizon shape is the KV-valid one.
-        assert harness.lower_bound(WORKLOADS[wid], n=4, seed=0)["kind"] == "kv-valid"
+        assert with_research.bound(WORKLOADS[wid], n=4, seed=0)["kind"] == "kv-valid"

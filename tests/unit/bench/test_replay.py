@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.contenders.ideal import resident_bound
 from langgraph_batch.bench import replay
 from langgraph_batch.bench.replay_run import compare, gap_figures
 from langgraph_batch.bench.timeline import breakdown, split_gaps
@@ -123,7 +124,7 @@ def test_replay_job_and_bound() -> None:
     assert job["max_concurrency"] == 32
     assert job["forced_shapes"] is False
     assert job["tools"] == [syn.tool]
-    bound = replay.resident_bound(rp, syn, profile_name="h100-llama3-8b")
+    bound = resident_bound(rp, syn, profile_name="h100-llama3-8b")
     assert bound["makespan_s"] >= bound["critical_path_s"] > 1.5  # 0.5 + 1.0 s of tools
     assert bound["decode_tokens"] == 830
     assert bound["shared_prefix_tokens"] == 600
@@ -324,8 +325,8 @@ def test_the_job_carries_scaled_start_offsets_unless_together() -> None:
 def test_the_bound_starts_siblings_at_their_offsets_and_prefills_after_a_reset() -> None:
     rp = replay.plan(reset_recording(prefix_tokens=790))
     syn = replay.synthesize(rp)
-    staggered = replay.resident_bound(rp, syn, profile_name="h100-llama3-8b")
-    together = replay.resident_bound(rp, syn, profile_name="h100-llama3-8b", start="together")
+    staggered = resident_bound(rp, syn, profile_name="h100-llama3-8b")
+    together = resident_bound(rp, syn, profile_name="h100-llama3-8b", start="together")
     assert staggered["critical_path_s"] > 10.0 > together["critical_path_s"]  # sibling 2 at 10 s
     # Sibling 0's reset prompt (900) reuses only its 790 kept tokens: 110 to prefill again.
     appended = replay.plan(reset_recording())
@@ -333,8 +334,7 @@ def test_the_bound_starts_siblings_at_their_offsets_and_prefills_after_a_reset()
         turn.kept_tokens = None
     assert (
         staggered["prefill_tokens"]
-        == replay.resident_bound(appended, syn, profile_name="h100-llama3-8b")["prefill_tokens"]
-        + 110
+        == resident_bound(appended, syn, profile_name="h100-llama3-8b")["prefill_tokens"] + 110
     )
 
 

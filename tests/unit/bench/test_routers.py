@@ -1,4 +1,4 @@
-"""Router contenders' parts (`langgraph_batch/bench/routers.py`): names, config, reports."""
+"""Router contenders' parts (`benchmarks/routers/process.py`): names, config, reports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 
-from langgraph_batch.bench import cli, harness, report, routers
+from benchmarks import goals, report
+from benchmarks.routers import process as routers
+from langgraph_batch.bench import cli, harness
 from langgraph_batch.bench.contenders import naive
 from langgraph_batch.bench.workloads import WORKLOADS, make_job
 from langgraph_batch.emulator.costs import get_profile
@@ -30,6 +32,13 @@ def test_a_router_contender_names_its_base_and_mode(
     assert routers.split_router(name) == split
 
 
+def test_the_wheel_alone_takes_no_router_contenders() -> None:
+    assert not cli.is_known("W8", "naive-router-ps")
+    assert not cli.is_known("W8", "batchagent")
+    assert cli.known_contenders("W8") == cli.AGENT_CONTENDERS
+
+
+@pytest.mark.usefixtures("with_research")
 def test_the_cli_takes_router_contenders_on_agent_workloads_only() -> None:
     for name in (
         "naive-router",
@@ -46,6 +55,7 @@ def test_the_cli_takes_router_contenders_on_agent_workloads_only() -> None:
     assert not cli.is_known("W9", "naive-router-ps")  # the simulation's own module
 
 
+@pytest.mark.usefixtures("with_research")
 def test_a_router_contender_runs_its_base_module_and_job() -> None:
     assert harness.module_for("W8", "naive-bounded-24-router-ps") == harness.MODULES["naive"]
     assert (
@@ -53,9 +63,13 @@ def test_a_router_contender_runs_its_base_module_and_job() -> None:
     )
     wl = WORKLOADS["W8"]
     kw = {"n": 2, "seed": 0, "llm_url": "http://e", "tool_url": "http://t", "model": "m"}
-    assert make_job(wl, contender="naive-bounded-24-router-ps", **kw)["max_concurrency"] == 24
-    assert make_job(wl, contender="naive-router-ps", **kw)["max_concurrency"] is None
-    assert make_job(wl, contender="langgraph-batch-router", **kw)["routing"] is None
+    for name, key, value in (
+        ("naive-bounded-24-router-ps", "max_concurrency", 24),
+        ("naive-router-ps", "max_concurrency", None),
+        ("langgraph-batch-router", "routing", None),
+    ):
+        base = routers.split_router(name)[0]
+        assert make_job(wl, contender=name, base=base, **kw)[key] == value
 
 
 def test_the_best_bounded_run_is_a_plain_one() -> None:
@@ -63,7 +77,7 @@ def test_the_best_bounded_run_is_a_plain_one() -> None:
         "naive-bounded-24": {"makespan_s": 300.0},
         "naive-bounded-24-router-ps": {"makespan_s": 200.0},
     }
-    assert report.best_bounded(contenders) == "naive-bounded-24"
+    assert goals.best_bounded(contenders) == "naive-bounded-24"
 
 
 def test_the_calibration_follows_the_emulated_gpu_on_the_routers_clock() -> None:
@@ -155,7 +169,7 @@ def test_a_plain_langgraph_agent_names_its_program_in_a_header() -> None:
     llm = GenericFakeChatModel(messages=iter(()))
     one, two = bind(llm, 0), bind(llm, 1)
     h1, h2 = one.kwargs["extra_headers"], two.kwargs["extra_headers"]
-    assert h1["X-Session-ID"] == routers.session_id("fix issue 1")
+    assert h1["X-Session-ID"] == naive.session_id("fix issue 1")
     assert h1["X-Session-ID"] != h2["X-Session-ID"]
     assert naive._session({"tasks": ["t"]}) is None  # no router: no header
 

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from langgraph_batch.bench import cli, goals, report
+from benchmarks import goals
+from benchmarks.contenders.kv_bound import agent_turns, agents_bound
+from langgraph_batch.bench import cli
 from langgraph_batch.bench._scaled import SCALED_IDS, SCALED_KV_TOKENS
 from langgraph_batch.bench.contenders import _common, _graph
-from langgraph_batch.bench.contenders.kv_bound import agent_turns, agents_bound
 from langgraph_batch.bench.workloads import (
     FULL_SIZE,
     WORKLOADS,
@@ -91,7 +92,7 @@ def test_w8s_goals_are_issue_24s() -> None:
         "langgraph-batch": _entry(60.0, preemptions=0, prefill_tokens_computed=110),
         "ideal": _entry(40.0, min_prefill_tokens=100),
     }
-    out = {g["goal"]: g for g in report.goals("W8s", contenders, 24)}
+    out = {g["goal"]: g for g in goals.goals("W8s", contenders, 24)}
     assert out["0 preemptions"]["met"] is True
     assert out["makespan <= 0.6x naive"]["met"] is True
     best = out["makespan <= 0.9x the best naive-bounded (naive-bounded-16)"]

@@ -61,7 +61,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from langgraph_batch.bench.contenders.ideal import openai_tools, work_bound
+from benchmarks.contenders.ideal import openai_tools, work_bound
 from langgraph_batch.bench.toolservice import canonical_key
 from langgraph_batch.bench.workloads import (
     Workload,

@@ -13,8 +13,8 @@ siblings (turn 1 is batchable) through a router with each batching rule.
 python -m benchmarks.routers --n 64 --out benchmarks/results    # routers.json / routers.md
 ```
 
-`RouterProcess` (`langgraph_batch/bench/routers.py`, re-exported here) is also what
-`tests/integration/test_routers.py` starts.
+`RouterProcess` (`benchmarks/routers/process.py`, re-exported by the package) is
+also what `tests/integration/test_routers.py` starts.
 """
 
 from __future__ import annotations
@@ -33,30 +33,19 @@ from typing import Any, TypedDict
 
 import httpx
 
-from langgraph_batch.bench import metrics
-from langgraph_batch.bench.contenders._common import sum_stats
-from langgraph_batch.bench.routers import (
-    FAST_HEALTH,
+from benchmarks.routers.process import (
     ROUTERS,
     RouterProcess,
-    router_command,
     router_unavailable,
 )
+from langgraph_batch.bench import metrics
+from langgraph_batch.bench.contenders._common import sum_stats
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings, make_job, tool_config
 
 MODEL = "emulated-llama-3-8b"
 
-__all__ = (
-    "FAST_HEALTH",
-    "ROUTERS",
-    "RouterProcess",
-    "measure_batching",
-    "measure_router",
-    "router_command",
-    "router_unavailable",
-    "run_with_kill",
-)
+__all__ = ("measure_batching", "measure_router", "run_with_kill")
 
 
 @contextlib.contextmanager
@@ -270,7 +259,7 @@ async def _refine_run(base_url: str, n: int, session: Any, *, max_batch_size: in
     )
     system = sized("You summarise documents. Notes follow.", 1000, random.Random("sys"))
 
-    async def refine(state: dict[str, Any]) -> dict[str, Any]:
+    async def refine(state: _Sibling) -> dict[str, Any]:
         task = sized(f"Document {state['i']}:", 1500, random.Random(f"doc{state['i']}"))
         first = [SystemMessage(system), HumanMessage(task)]
         answer = await llm.ainvoke(first)
@@ -385,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results["batching"] = measure_batching(n=args.n, time_scale=args.time_scale)
     from importlib import metadata
 
-    from langgraph_batch.bench.harness import versions
+    from benchmarks.extension import versions
 
     results["versions"] = versions()
     for package in ("vllm-router", "sglang-router"):
@@ -401,5 +390,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         (args.out / "routers.md").write_text(text)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m benchmarks.routers` runs `__main__.py`
     main()

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import hashlib
 import importlib.util
 import json
 import re
@@ -403,11 +402,6 @@ def point_job_at(job: dict[str, Any], router: RouterProcess) -> None:
     job["model_url"] = router.url
     job["lgb_url"] = f"{job.get('flavor') or 'vllm'}://{router.address}"
     job["session_header"] = SESSION_HEADER
-
-
-def session_id(task: str) -> str:
-    """An agent's program id for `X-Session-ID`: a digest of its task (a task id's stand-in)."""
-    return "agent-" + hashlib.blake2b(task.encode(), digest_size=8).hexdigest()
 
 
 def program_metrics(text: str, *, time_scale: float) -> dict[str, Any]:

@@ -11,6 +11,7 @@ WORKLOADS.md: the larger of
 Token counts come from rendering each sibling's real conversation with the
 emulator's chat template and tokenizer; step times from
 `langgraph_batch.emulator.costs`. Not a process: computed by the harness.
+`resident_bound` is the same bound for a replayed recording (`bench --replay`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
+from langgraph_batch.bench.replay import Synthesis
+from langgraph_batch.bench.replay_plan import ReplayPlan
 from langgraph_batch.bench.toolservice import ToolServiceConfig, canonical_key, result_text
 from langgraph_batch.bench.workloads import (
     TOOL_SPECS,
@@ -264,4 +267,78 @@ def ideal(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
         "max_concurrent_decodes": max_decodes,
         "profile": profile.name,
         "note": "lower bound from the emulator cost model (bench/contenders/ideal.py)",
+    }
+
+
+def resident_bound(
+    rp: ReplayPlan, syn: Synthesis, *, profile_name: str, start: str = "recorded"
+) -> dict[str, Any]:
+    """The `ideal` entry of a replay: the emulator cost model's bound with contexts resident.
+
+    The larger of the work (every prefill and decode token at the best batch
+    composition, the shared prefix once, each context kept resident between
+    its turns) and the longest sibling's critical path at batch-1 speed plus
+    its tool waits (after its start offset, unless `start="together"`); a reset
+    keeps only its kept prefix resident. Valid while the live contexts fit the KV cache together
+    (said in `note` when they do not).
+    """
+
+    from langgraph_batch.emulator.costs import get_profile
+
+    profile = get_profile(profile_name)
+    shared = min(rp.shared_tokens, *(p[0] for p in syn.prompts))
+    prefill, attn, decode, decode_kv = shared, shared * shared / 2, 0, 0.0
+    chain, critical, peak = 0, 0.0, 0
+    for sib, prompts, shown in zip(rp.siblings, syn.prompts, syn.visible, strict=True):
+        resident, length = shared, 0
+        path = sib.start_s if start == "recorded" else 0.0
+        for k, turn in enumerate(sib.turns):
+            prompt, out = prompts[k], syn.calls[sib.index][k]["max_tokens"]
+            if turn.kept_tokens is not None:  # a reset: only the kept prefix is reused
+                resident = min(resident, max(shared, turn.kept_tokens))
+            new = max(0, prompt - resident)
+            prefill += new
+            attn += new * (resident + new / 2)
+            decode += out
+            decode_kv += out * (prompt + out / 2)
+            length += out
+            cached = resident if (sib.index or k) else 0
+            todo = prompt - cached
+            while todo > 0:
+                step = min(todo, MAX_BATCHED_TOKENS)
+                path += profile.prefill_time(step, cached=cached)
+                cached += step
+                todo -= step
+            path += (out - 1) * profile.decode_step_time(1, prompt + out // 2) + turn.wait_s
+            resident = prompt + shown[k]
+        peak = max(peak, resident - shared)
+        chain, critical = max(chain, length), max(critical, path)
+    n = len(rp.siblings)
+    capacity = profile.kv_tokens
+    work, steps = work_bound(
+        profile,
+        prefill_tokens=prefill,
+        prefills=sum(len(s.turns) for s in rp.siblings) + 1,
+        attn_units=attn,
+        decode_tokens=decode,
+        decode_kv=decode_kv,
+        chain=chain,
+        max_decodes=max(1, min(n, (capacity - shared) // max(1, peak))),
+    )
+    note = "resident lower bound from the emulator cost model (benchmarks/contenders/ideal.py)"
+    if shared + n * peak > capacity:
+        note += (
+            f"; the contexts ({shared + n * peak} tokens at their largest) outgrow the KV "
+            f"cache ({capacity}): a schedule must evict, so this bound is optimistic"
+        )
+    return {
+        "makespan_s": max(work, critical),
+        "work_bound_s": work,
+        "critical_path_s": critical,
+        "prefill_tokens": prefill,
+        "decode_tokens": decode,
+        "shared_prefix_tokens": shared,
+        "steps": steps,
+        "profile": profile.name,
+        "note": note,
     }

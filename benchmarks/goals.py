@@ -5,37 +5,20 @@ other ones for W1 and W6, on the recalibrated emulator; the earlier ones for W5
 and W7; issue 24's for the scaled W8s on a real engine (W1s and W3s carry W1's
 and W3's). Every goal is reported with its measured ratio, met or not, beside
 what the `ideal` bound itself achieves where that caps what any client can
-reach. `report` re-exports `goals` and `best_bounded`.
+reach. The research harness adds them to each result (`benchmarks.extension`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from langgraph_batch.bench.routers import split_router
+from benchmarks.routers.process import split_router
+from langgraph_batch.bench.report import _num, _ratio
 
 __all__ = ("LGB", "PUBLIC_SHAPES", "SCALED_GOALS", "best_bounded", "goals")
 
 LGB = "langgraph-batch"
-
-
-def _num(entry: Mapping[str, Any] | None, key: str) -> float | None:
-    if not entry or entry.get("error"):
-        return None
-    value = entry.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None:
-        return None
-    if b == 0:
-        return 0.0 if a == 0 else math.inf
-    return a / b
 
 
 def _prefill_goal(lgb: Mapping[str, Any] | None, ideal: Mapping[str, Any] | None) -> dict[str, Any]:
