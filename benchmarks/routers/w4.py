@@ -38,7 +38,7 @@ from benchmarks.routers.process import (
     RouterProcess,
     router_unavailable,
 )
-from langgraph_batch.bench import metrics
+from langgraph_batch.bench import collect
 from langgraph_batch.bench.contenders._common import sum_stats
 from langgraph_batch.bench.toolservice import tool_service
 from langgraph_batch.bench.workloads import WORKLOADS, emulator_settings, make_job, tool_config
@@ -78,7 +78,7 @@ def replica_stats(urls: Sequence[str]) -> dict[str, Any]:
     stats = []
     for url in urls:
         try:
-            stats.append(metrics.emulator_stats(url))
+            stats.append(collect.emulator_stats(url))
         except httpx.HTTPError:
             continue
     return sum_stats(stats) if stats else {}
@@ -127,7 +127,7 @@ def run_w4(
     from langgraph_batch.bench.harness import run_contender
 
     for url in replica_urls:
-        metrics.reset_emulator(url)
+        collect.reset_emulator(url)
     client, error, _ = run_contender("langgraph-batch", job, timeout=timeout)
     if client is None:
         raise RuntimeError(f"the contender failed: {error}")
@@ -169,12 +169,12 @@ def measure_router(
         urls = [p.url for p in procs]
         with RouterProcess(kind, policy, urls) as router:
             for label, session in (("with_key", "default"), ("without_key", None)):
-                metrics.reset_tools(tool_url)
+                collect.reset_tools(tool_url)
                 job = w4_job(router.url, urls, tool_url, n=n, seed=seed, flavor=flavor,
                              session=session)  # fmt: skip
                 out[label] = run_w4(job, urls)
         if with_pool:  # the same run straight at the replicas (the library's own pool)
-            metrics.reset_tools(tool_url)
+            collect.reset_tools(tool_url)
             direct = w4_job(urls[0], urls, tool_url, n=n, seed=seed, flavor=flavor)
             direct["lgb_url"] = f"{flavor}://" + ",".join(u.split("://", 1)[1] for u in urls)
             out["pool_affinity"] = run_w4(direct, urls)
@@ -301,10 +301,10 @@ def measure_batching(*, n: int = 64, time_scale: float = 20.0) -> dict[str, Any]
         with RouterProcess("vllm-router", "consistent_hash", urls) as router:
             for label, (session, size) in rules.items():
                 for u in urls:
-                    metrics.reset_emulator(u)
+                    collect.reset_emulator(u)
                 url = f"vllm://{router.address}"
                 cpu = asyncio.run(_refine_run(url, n, session, max_batch_size=size))
-                stats = sum_stats([metrics.emulator_stats(u) for u in urls])
+                stats = sum_stats([collect.emulator_stats(u) for u in urls])
                 out[label] = {
                     "prefill_tokens": int(stats["prefill_tokens_computed"]),
                     "requests": int(stats["requests"]),

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from langgraph_batch.bench import live, metrics, report, timeline
+from langgraph_batch.bench import collect, live, report, timeline
 from langgraph_batch.bench._paths import child_env
 from langgraph_batch.bench.contenders import RESULT_PREFIX, sum_stats
 from langgraph_batch.bench.extension import active
@@ -111,7 +111,7 @@ def module_for(workload: str, name: str) -> str:
 
 def replica_stats(urls: Sequence[str]) -> dict[str, Any]:
     """The emulator counters summed over every replica (lags: the worst replica's)."""
-    return sum_stats([metrics.emulator_stats(u) for u in urls])
+    return sum_stats([collect.emulator_stats(u) for u in urls])
 
 
 def run_contender(
@@ -316,8 +316,8 @@ def run_workload(
                 log(f"{wl.id}: ideal makespan {results[name]['makespan_s']:.2f} s (emulated)")
                 continue
             for url in urls:
-                metrics.reset_emulator(url)
-            metrics.reset_tools(tool_url)
+                collect.reset_emulator(url)
+            collect.reset_tools(tool_url)
             job = make_job(
                 wl,
                 n=n,
@@ -357,8 +357,8 @@ def run_workload(
                 for key, value in live.metrics(url).items():
                     after[key] = after.get(key, 0.0) + value
             delta = live.metrics_delta(after, client.get("baseline_metrics") or {})
-            entry = metrics.combine(
-                client, stats, metrics.tool_stats(tool_url), time_scale=time_scale
+            entry = collect.combine(
+                client, stats, collect.tool_stats(tool_url), time_scale=time_scale
             )
             since = (client.get("baseline_emulator") or {}).get("engine_time_s")
             phases = request_phases(urls[0], since) if len(urls) == 1 else None
@@ -484,7 +484,7 @@ def _run_live(
                 continue
             # A fresh random prefix per contender: no contender reuses another's cache.
             prompts = (live.run_nonce() + system[nonce_end:], tasks)
-            metrics.reset_tools(tool_url)
+            collect.reset_tools(tool_url)
             job = make_job(
                 wl,
                 n=n,
@@ -511,7 +511,7 @@ def _run_live(
                 live.metrics_delta(live.metrics(target.base_url), client["baseline_metrics"]),
                 identity["engine_time_scale"],
             )
-            entry = metrics.combine_live(client, delta, metrics.tool_stats(tool_url))
+            entry = collect.combine_live(client, delta, collect.tool_stats(tool_url))
             since = (client.get("baseline_emulator") or {}).get("engine_time_s")
             phases = request_phases(target.base_url, since)
             _finish_entry(

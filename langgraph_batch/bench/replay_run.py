@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from langgraph_batch.bench import live, metrics, replay, timeline
+from langgraph_batch.bench import collect, live, replay, timeline
 from langgraph_batch.bench.extension import active
 from langgraph_batch.bench.harness import (
     MODEL,
@@ -199,11 +199,11 @@ def run_replay(
                 results[name] = active().replay_bound(rp, syn, profile_name=PROFILE, start=start)
                 continue
             if target is None:
-                metrics.reset_emulator(llm_url)
+                collect.reset_emulator(llm_url)
             elif prompts is not None:  # a fresh prefix per contender: no reuse of another's cache
                 nonce_end = prompts[0].index(".") + 1
                 prompts = (live.run_nonce() + prompts[0][nonce_end:], prompts[1])
-            metrics.reset_tools(tool_url)
+            collect.reset_tools(tool_url)
             job = replay.make_replay_job(
                 rp, syn, llm_url=llm_url, tool_url=tool_url, model=model, contender=name,
                 live=live_opts, prompts=prompts, time_scale=scale, start=start,
@@ -217,14 +217,14 @@ def run_replay(
             after = live.metrics(llm_url)
             delta = live.metrics_delta(after, client.get("baseline_metrics") or {})
             if target is None:
-                entry = metrics.combine(
+                entry = collect.combine(
                     client,
-                    metrics.emulator_stats(llm_url),
-                    metrics.tool_stats(tool_url),
+                    collect.emulator_stats(llm_url),
+                    collect.tool_stats(tool_url),
                     time_scale=scale,
                 )
             else:
-                entry = metrics.combine_live(client, delta, metrics.tool_stats(tool_url))
+                entry = collect.combine_live(client, delta, collect.tool_stats(tool_url))
             since = (client.get("baseline_emulator") or {}).get("engine_time_s")
             phases = request_phases(llm_url, since) if target is None else None
             _finish_entry(

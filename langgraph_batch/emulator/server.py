@@ -33,14 +33,14 @@ except ImportError:  # the optional `emulator` extra
 
 from langgraph_batch.emulator import _anthropic_api, _batch_api, _bedrock_api, _openai_api, sglang
 from langgraph_batch.emulator._http import RequestError
-from langgraph_batch.emulator._serving import Serving
-from langgraph_batch.emulator.config import EmulatorConfig
-from langgraph_batch.emulator.metrics import (
+from langgraph_batch.emulator._server_metrics import (
     PHASE_FIELDS,
     render_metrics,
     request_phases,
     stats_dict,
 )
+from langgraph_batch.emulator._serving import Serving
+from langgraph_batch.emulator.config import EmulatorConfig
 from langgraph_batch.emulator.protocol import now_s
 from langgraph_batch.emulator.tokenizer import render_chat, tokenize
 

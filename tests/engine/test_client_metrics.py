@@ -15,8 +15,8 @@ from langgraph_batch import BatchedChatModel
 from langgraph_batch.backends import parse_prometheus
 from langgraph_batch.backends.vllm import VLLMBackend, parse_vllm_metrics
 from langgraph_batch.emulator import EmulatorConfig
+from langgraph_batch.emulator._server_metrics import render_metrics
 from langgraph_batch.emulator._serving import Serving
-from langgraph_batch.emulator.metrics import render_metrics
 from tests.engine._client import metrics_text, vllm_url, wait_metric
 
 READ = (

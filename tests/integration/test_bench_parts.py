@@ -11,7 +11,7 @@ import pytest
 from benchmarks import goals as research_goals
 from benchmarks.contenders.ideal import ideal
 from benchmarks.extension import research
-from langgraph_batch.bench import metrics, report
+from langgraph_batch.bench import collect, report
 from langgraph_batch.bench.toolservice import ToolServiceConfig
 from langgraph_batch.bench.workloads import WORKLOADS, response_schema, system_prompt, task_text
 from langgraph_batch.emulator.scenarios import value_for_schema
@@ -67,7 +67,7 @@ def test_combine_subtracts_the_warmup_and_scales_times() -> None:
         "prefill_tokens_computed": 600,
     }
     tools = {"executions": 4, "by_key": {'web_search:{"query":"warmup"}': 1, "a": 2, "b": 1}}
-    entry = metrics.combine(client, emu, tools, time_scale=10.0)
+    entry = collect.combine(client, emu, tools, time_scale=10.0)
     assert entry["makespan_s"] == 20.0
     assert entry["first_result_s"] == 10.0
     assert entry["llm_requests"] == 6

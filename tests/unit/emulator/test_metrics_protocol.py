@@ -9,8 +9,8 @@ from __future__ import annotations
 from langgraph_batch.backends import parse_prometheus
 from langgraph_batch.backends.vllm import parse_vllm_metrics
 from langgraph_batch.emulator import EmulatorConfig
+from langgraph_batch.emulator._server_metrics import render_metrics
 from langgraph_batch.emulator._serving import Serving
-from langgraph_batch.emulator.metrics import render_metrics
 
 
 def test_cache_config_info_states_the_capacity_in_tokens_as_vllm_does() -> None:

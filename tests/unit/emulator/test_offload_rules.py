@@ -18,10 +18,10 @@ import pytest
 
 from langgraph_batch.backends import parse_prometheus
 from langgraph_batch.emulator import EmulatorConfig
+from langgraph_batch.emulator._server_metrics import render_metrics
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.costs import get_profile
 from langgraph_batch.emulator.engine import Engine, Request, simulate
-from langgraph_batch.emulator.metrics import render_metrics
 
 ZERO = get_profile("zero")
 BS = 16

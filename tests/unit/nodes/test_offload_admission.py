@@ -16,8 +16,8 @@ from langgraph_batch._context import SiblingInfo
 from langgraph_batch.backends.base import EngineMetrics
 from langgraph_batch.backends.vllm import parse_vllm_metrics
 from langgraph_batch.emulator import EmulatorConfig
+from langgraph_batch.emulator._server_metrics import render_metrics
 from langgraph_batch.emulator._serving import Serving
-from langgraph_batch.emulator.metrics import render_metrics
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.scheduler import BatchPolicy, Scheduler
 from langgraph_batch.scheduler._capacity import KVLedger
