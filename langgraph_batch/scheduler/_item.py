@@ -23,6 +23,7 @@ __all__ = (
     "Outcome",
     "Plan",
     "PolicyItem",
+    "PolicyStats",
     "RequestStatus",
 )
 
@@ -183,3 +184,39 @@ class Plan:
     """Groups of batchable items, each to go out in one call (one slot per member)."""
     wake_at: float | None = None
     """When an open batch window closes (None: nothing is waiting on the clock)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyStats:
+    """The policy core's counters at one moment: `BatchPolicyCore.stats()`.
+
+    One snapshot instead of a property per counter, as vLLM's
+    `Scheduler.make_stats()` returns one `SchedulerStats`.
+    """
+
+    queued: int
+    """Items waiting for a slot, held ones included."""
+    ready: int
+    """Items waiting for a slot that `plan` may grant (held ones excluded)."""
+    held: int
+    """Items held until their prefix is warm."""
+    in_flight: int
+    """Slots held."""
+    limit: int
+    """The adaptive in-flight limit."""
+    limit_exact: float
+    """The adaptive limit before rounding down."""
+    slow_start: bool
+    """Whether the limit still doubles per sample (no overload seen yet)."""
+    increases: int
+    """Times the limit grew on engine metrics."""
+    decreases: int
+    """Times the limit shrank (429/503/preemptions)."""
+    decode_limit: int | None
+    """The decode cap on agent requests in flight (None: not capping)."""
+    warmups: int
+    """Leaders dispatched (prefix warm-ups started)."""
+    held_total: int
+    """Items that were held behind a warming leader."""
+    held_s: float
+    """Seconds items spent held behind leaders, summed."""

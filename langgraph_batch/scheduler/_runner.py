@@ -256,13 +256,14 @@ class Scheduler:
             ```
         """
         core = self._core
+        snap = core.stats()
         rec = self._stats
         qw = rec.percentiles(rec.queue_wait)
         lat = rec.percentiles(rec.latency)
         return SchedulerStats(
-            queued=core.queued,
-            in_flight=core.in_flight,
-            inflight_limit=core.limit,
+            queued=snap.queued,
+            in_flight=snap.in_flight,
+            inflight_limit=snap.limit,
             completed=rec.completed,
             failed=rec.failed,
             retries=rec.retries,
@@ -281,11 +282,11 @@ class Scheduler:
             latency_p50=lat[0],
             latency_p95=lat[1],
             latency_p99=lat[2],
-            warmups=core.warmups,
-            warm_held=core.held_total,
-            warm_held_s=core.held_s,
+            warmups=snap.warmups,
+            warm_held=snap.held_total,
+            warm_held_s=snap.held_s,
             malformed_tool_calls=rec.malformed_tool_calls,
-            decode_cap=core.decode_limit,
+            decode_cap=snap.decode_limit,
             rate_waits=self._gate.waits,
             rate_wait_s=self._gate.wait_s,
         )
