@@ -48,7 +48,7 @@ from langgraph_batch.scheduler._item import (
     RequestStatus,
 )
 from langgraph_batch.scheduler._limit import InflightLimit
-from langgraph_batch.scheduler._priority import PRIORITY_KEYS, AttainedService, Recency
+from langgraph_batch.scheduler._priority import Priority
 from langgraph_batch.scheduler._warming import WarmingGate
 
 __all__ = (
@@ -98,10 +98,9 @@ class BatchPolicyCore:
         warming: bool = False,
     ) -> None:
         self.policy = policy
-        self._key = PRIORITY_KEYS[policy.priority]
-        self._records_service = policy.priority == "las"
-        self._attained = AttainedService()
-        self._recency = Recency() if policy.priority == "depth_first" else None
+        self.priority = Priority(policy.priority)
+        """The priority mode: heap key, engine priority, recency and attained service."""
+        self._recency = self.priority.recency
         self._gather = GatherGate(policy.gather_window_s if self._recency is not None else 0.0)
         self._batching = batching and policy.max_batch_size > 1 and policy.batch_window_s > 0
         self._window = policy.batch_window_s
@@ -173,11 +172,6 @@ class BatchPolicyCore:
         """Whether a prefix key is warm now (warmed and used within `warm_ttl_s`)."""
         return self._warming is not None and self._warming.is_warm(prefix, now)
 
-    @property
-    def attained(self) -> AttainedService:
-        """Inference seconds per sibling (the LAS key; recorded in `las` mode)."""
-        return self._attained
-
     def stats(self) -> PolicyStats:
         """A snapshot of the core's counters (as vLLM's `Scheduler.make_stats()`).
 
@@ -238,9 +232,7 @@ class BatchPolicyCore:
         if item.seq < 0:
             item.seq = self._seq
             self._seq += 1
-        if self._recency is not None:
-            item.recency = self._recency.get(item.conversation)
-        entry = (self._key(item, self._attained), item.seq, item)
+        entry = (self.priority.key(item), item.seq, item)
         item.entry = entry
         item.enqueued_at = now
         item.in_batch = False
@@ -433,16 +425,14 @@ class BatchPolicyCore:
                 self._by_sibling[sid] = n
             else:
                 del self._by_sibling[sid]
-            if self._records_service:
-                self._attained.record(sid, now - item.dispatched_at)
+            self.priority.served(sid, now - item.dispatched_at)
         if item.leading:
             self._end_lead(item, warm=outcome is Outcome.OK, now=now)
         elif self._warming is not None and item.prefix is not None and outcome is Outcome.OK:
             self._warming.touch(item.prefix, now)
         if outcome is Outcome.OK:
             self._limit.on_ok(queued=bool(self._queued or self._bqueued))
-            if self._recency is not None and item.conversation is not None:
-                self._recency.record(item.conversation)
+            self.priority.completed(item.conversation)
         elif outcome is Outcome.RATE_LIMITED or outcome is Outcome.OVERLOADED:
             self._limit.decrease(now)
 

@@ -66,7 +66,7 @@ from langgraph_batch.scheduler._item import PolicyItem
 from langgraph_batch.scheduler._pacing import RateGate
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
-from langgraph_batch.scheduler._priority import conversation_of, engine_priority
+from langgraph_batch.scheduler._priority import conversation_of
 from langgraph_batch.scheduler._state import Lifecycle, SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
@@ -161,7 +161,7 @@ class Scheduler:
             gate=self._gate,
         )
         self._priority_to_engine = caps.priority
-        self._orders_by_recency = self._policy.priority == "depth_first"
+        self._orders_by_recency = self._core.priority.recency is not None
         self._ledger: KVLedger | None = None
 
     # ------------------------------------------------------------ properties
@@ -452,9 +452,7 @@ class Scheduler:
                 conversation=conversation,
             )
         if self._priority_to_engine and request.priority == 0:
-            item.payload = request = replace(
-                request, priority=engine_priority(self._policy.priority, item, self._core.attained)
-            )
+            item.payload = request = replace(request, priority=self._core.priority.for_engine(item))
         if not _tracing.ENABLED or not _tracing.recording():
             return await self._attempts.run_item(
                 loop, item, request, timeout, max_retries, on_chunk, sibling, check

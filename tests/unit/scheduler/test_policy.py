@@ -103,8 +103,8 @@ def test_las_prefers_least_attained_service() -> None:
     c.on_complete(long_, Outcome.OK, now=5.0)  # 5 s of service
     short = PolicyItem(sibling_id="g/short")
     c.on_complete(_run_one(c, short, 5.0), Outcome.OK, now=6.0)  # 1 s of service
-    assert c.attained.get("g/long") == 5.0
-    assert c.attained.get("g/short") == 1.0
+    assert c.priority.attained.get("g/long") == 5.0
+    assert c.priority.attained.get("g/short") == 1.0
     # The long sibling asks first, but the short one is served first.
     nxt_long = PolicyItem(sibling_id="g/long")
     nxt_short = PolicyItem(sibling_id="g/short")
@@ -126,8 +126,8 @@ def test_las_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     c = core(inflight_limit=1, priority="las")
     for sid in ("a", "b", "c"):
         c.on_complete(_run_one(c, PolicyItem(sibling_id=sid), 0.0), Outcome.OK, 1.0)
-    assert c.attained.get("a") == 0.0  # forgotten, oldest first
-    assert c.attained.get("c") == 1.0
+    assert c.priority.attained.get("a") == 0.0  # forgotten, oldest first
+    assert c.priority.attained.get("c") == 1.0
 
 
 def _run_one(c: BatchPolicyCore, item: PolicyItem, now: float) -> PolicyItem:
