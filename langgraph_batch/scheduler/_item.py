@@ -142,7 +142,7 @@ class PolicyItem:
         """How many siblings of its fan_out run are not finished (read when the
         decode cap is applied; None: not in a fan_out run)."""
         self.conversation = conversation
-        """The conversation it continues (`_priority.conversation_of`), when known."""
+        """The conversation it continues (`backends.base.conversation_key`), when known."""
         self.recency = 0
         """When that conversation last had a call complete (set at enqueue; 0: never)."""
         self.leading = False

@@ -27,8 +27,8 @@ orders never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from langgraph_batch.scheduler._item import PolicyItem
@@ -41,7 +41,6 @@ __all__ = (
     "PriorityKey",
     "PriorityMode",
     "Recency",
-    "conversation_of",
 )
 
 PriorityMode = Literal["depth_first", "las", "fifo"]
@@ -81,8 +80,8 @@ class AttainedService:
 class Recency:
     """When each conversation last had a call complete (a counter), bounded LRU.
 
-    A conversation is named by its system and first user messages
-    (`conversation_of`), which every later turn repeats.
+    A conversation is named by its model, system and first user messages
+    (`backends.base.conversation_key`), which every later turn repeats.
     """
 
     __slots__ = ("_clock", "_last")
@@ -113,28 +112,6 @@ whose context the server has evicted anyway."""
 
 _RECENCY_SCALE = 2.0**-40
 """Recency counts to a fraction of a turn: it orders equal turns, never overrides one."""
-
-
-def conversation_of(messages: Sequence[Mapping[str, Any]]) -> int:
-    """A conversation's identity: a hash of its first system and first user message.
-
-    A number, not the texts: the recency map keeps up to `LAS_MEMORY`
-    conversations, and holding their opening messages would keep every task's
-    text alive (measured: a soak of 100 runs of 1,000 siblings grew ~0.25 MB
-    a run until the map was bounded). Python's string hash is cached on the
-    string object, so this is cheap; it is an in-process key, never sent
-    anywhere (a collision only reorders two requests).
-    """
-    system: Any = None
-    for message in messages:
-        role = message.get("role")
-        if role == "user":
-            content = message.get("content")
-            return hash((system, content if isinstance(content, str) else repr(content)))
-        if system is None and role in ("system", "developer"):
-            content = message.get("content")
-            system = content if isinstance(content, str) else repr(content)
-    return hash((system, None))
 
 
 PriorityKey = Callable[["PolicyItem", AttainedService], float]

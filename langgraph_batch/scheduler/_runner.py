@@ -56,6 +56,7 @@ from langgraph_batch.backends.base import (
     ChatRequest,
     ChatResponse,
     EngineMetrics,
+    conversation_key,
     sibling_route_key,
 )
 from langgraph_batch.errors import SchedulerError
@@ -66,7 +67,6 @@ from langgraph_batch.scheduler._item import PolicyItem
 from langgraph_batch.scheduler._pacing import RateGate
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
-from langgraph_batch.scheduler._priority import conversation_of
 from langgraph_batch.scheduler._state import Lifecycle, SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
@@ -431,7 +431,7 @@ class Scheduler:
         prefix = prefix_key(request) if self._warming else None
         if sibling is not None and request.route_key is None:
             request = replace(request, route_key=sibling_route_key(sibling.sibling_id))
-        conversation = conversation_of(request.messages) if self._orders_by_recency else None
+        conversation = conversation_key(request) if self._orders_by_recency else None
         if sibling is not None:
             item = PolicyItem(
                 turn=sibling.turn if turn is None else turn,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from langgraph_batch.backends.base import EngineMetrics
+from langgraph_batch.backends.base import ChatRequest, EngineMetrics, conversation_key
 from langgraph_batch.scheduler._item import (
     DONE,
     QUEUED,
@@ -577,9 +577,12 @@ def test_item_repr_and_states() -> None:
     assert it.state == QUEUED
 
 
-def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
-    from langgraph_batch.scheduler._priority import conversation_of
+def conversation_of(messages: list[dict[str, str]]) -> str:
+    """The scheduler's name for the conversation that `messages` open."""
+    return conversation_key(ChatRequest(model="m", messages=messages))
 
+
+def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
     core = BatchPolicyCore(BatchPolicy(inflight_limit=1, decode_cap=False))
     convs = [
         conversation_of([{"role": "system", "content": "s"}, {"role": "user", "content": u}])
@@ -607,8 +610,6 @@ def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
 
 
 def test_a_burst_of_known_conversations_is_gathered_then_sent_most_recent_first() -> None:
-    from langgraph_batch.scheduler._priority import conversation_of
-
     core = BatchPolicyCore(BatchPolicy(inflight_limit=2, decode_cap=False, gather_window_s=0.01))
     convs = [
         conversation_of([{"role": "system", "content": "rules"}, {"role": "user", "content": u}])
@@ -641,8 +642,6 @@ def test_a_burst_of_known_conversations_is_gathered_then_sent_most_recent_first(
 
 
 def test_no_gather_window_with_other_priorities_or_when_off() -> None:
-    from langgraph_batch.scheduler._priority import conversation_of
-
     conv = conversation_of([{"role": "user", "content": "x"}])
     for policy in (
         BatchPolicy(decode_cap=False, priority="fifo"),
@@ -655,3 +654,15 @@ def test_no_gather_window_with_other_priorities_or_when_off() -> None:
         assert core.try_acquire(PolicyItem(conversation=conv), 1.0)  # known, yet at once
     with pytest.raises(ValueError, match="gather_window_s"):
         BatchPolicy(gather_window_s=-1.0)
+
+
+def test_a_conversation_has_one_stable_name_for_priority_and_routing() -> None:
+    # Not Python's salted `hash`: every process (a distributed fan_out's workers
+    # too) names a conversation alike, and a pool routes it by the same key.
+    from langgraph_batch.backends.pool import affinity_key
+
+    request = ChatRequest(
+        model="m", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    )
+    assert conversation_key(request) == "prefix:5bb5788f7fa45759e9cd6c8a"
+    assert affinity_key(request) == conversation_key(request)
