@@ -53,7 +53,7 @@ from langgraph_batch._heartbeat import held
 from langgraph_batch.nodes._forecast import ContextForecast
 from langgraph_batch.scheduler import KVLedger
 
-__all__ = ("AdmissionStats", "SiblingAdmission")
+__all__ = ("AdmissionStats", "SiblingAdmission", "check_gate_options")
 
 logger = logging.getLogger(__name__)
 
@@ -91,29 +91,52 @@ class AdmissionStats:
     """Bookings given up so far in this run."""
 
 
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_gate_options(
+    *,
+    max_active: int | None = None,
+    kv_headroom: float = KV_HEADROOM,
+    sibling_tokens: int = CONTEXT_TOKENS_PRIOR,
+) -> None:
+    """Check a gate's options where they are given (`fan_out`, a worker), once.
+
+    Raises:
+        ValueError: a `max_active` or `sibling_tokens` that is not a positive
+            int (`max_active` may be None), or a `kv_headroom` outside (0, 1].
+    """
+    if max_active is not None and not _positive_int(max_active):
+        raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
+    if not _positive_int(sibling_tokens):
+        raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
+    if (
+        isinstance(kv_headroom, bool)
+        or not isinstance(kv_headroom, int | float)
+        or not 0.0 < kv_headroom <= 1.0
+    ):
+        raise ValueError(f"kv_headroom must be a number in (0, 1], got {kv_headroom!r}")
+
+
 class SiblingAdmission:
     """Active places (returning before fresh) and KV bookings for one fan_out run.
 
     Args:
         max_active: how many siblings may hold a place at once; None for no cap.
-        kv_capacity: the server's KV cache size in tokens, for a gate that
-            budgets alone (a private ledger); None disables the KV budget
-            unless `kv_ledger` is given.
-        kv_ledger: the server's shared ledger (`Scheduler.kv_ledger()`): the
-            budget is then shared with every other run booking it.
+        kv_ledger: the server's ledger (`Scheduler.kv_ledger()`): the budget is
+            shared with every other run booking it; None: no KV budget.
         kv_headroom: share of the capacity the booked siblings may fill.
         sibling_tokens: the prior for one sibling's first-call context (its
             prompt and answer), until the run has shown real ones.
         clock: seconds, for tool waits (default: `time.monotonic`).
 
-    Raises:
-        ValueError: for a `max_active`, `kv_capacity` or `sibling_tokens` that
-            is not a positive integer (or None where allowed), or a
-            `kv_headroom` outside (0, 1].
+    The options are checked once, where they are given (`check_gate_options`,
+    called by `FanOutSpec` and the distributed workers), not again here.
 
     Example:
         ```python
-        gate = SiblingAdmission(kv_capacity=440_000)
+        gate = SiblingAdmission(kv_ledger=await scheduler.kv_ledger())
         await gate.acquire(info, returning=False)
         try:
             ...  # run the sibling's model nodes (tools release/re-acquire)
@@ -126,22 +149,11 @@ class SiblingAdmission:
         self,
         *,
         max_active: int | None = None,
-        kv_capacity: int | None = None,
         kv_ledger: KVLedger | None = None,
         kv_headroom: float = KV_HEADROOM,
         sibling_tokens: int = CONTEXT_TOKENS_PRIOR,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_active is not None and (isinstance(max_active, bool) or max_active < 1):
-            raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
-        if kv_capacity is not None and (isinstance(kv_capacity, bool) or kv_capacity < 1):
-            raise ValueError(f"kv_capacity must be a positive int or None, got {kv_capacity!r}")
-        if not 0.0 < kv_headroom <= 1.0:
-            raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
-        if isinstance(sibling_tokens, bool) or sibling_tokens < 1:
-            raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
-        if kv_ledger is None and kv_capacity is not None:
-            kv_ledger = KVLedger(kv_capacity)
         self._sizing = False
         self._max_active = max_active
         self._headroom = kv_headroom

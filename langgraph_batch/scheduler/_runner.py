@@ -61,7 +61,12 @@ from langgraph_batch.backends.base import (
 )
 from langgraph_batch.errors import SchedulerError
 from langgraph_batch.scheduler._attempt import RequestAttempts
-from langgraph_batch.scheduler._capacity import KVLedger, read_kv_capacity, read_kv_tiers
+from langgraph_batch.scheduler._capacity import (
+    KVLedger,
+    make_ledger,
+    read_kv_capacity,
+    read_kv_tiers,
+)
 from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import PolicyItem
 from langgraph_batch.scheduler._pacing import RateGate
@@ -228,7 +233,7 @@ class Scheduler:
                 # The server's word on its second tier, else the user's.
                 if offload is None:
                     offload = self._policy.kv_offload_tokens
-                self._ledger = KVLedger(capacity, offload_capacity=offload)
+                self._ledger = make_ledger(capacity, offload_capacity=offload)
         return self._ledger
 
     def inflight_by_sibling(self) -> dict[str, int]:
