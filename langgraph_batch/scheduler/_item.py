@@ -11,7 +11,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from langgraph_batch._context import SiblingInfo
+    from langgraph_batch.backends.base import ChatChunk, ChatRequest, ChatResponse
 
 __all__ = (
     "DONE",
@@ -25,6 +29,7 @@ __all__ = (
     "PolicyItem",
     "PolicyStats",
     "RequestStatus",
+    "Submission",
 )
 
 
@@ -135,7 +140,7 @@ class PolicyItem:
         self.batchable = batchable
         """May go out in one `complete_batch` call with others."""
         self.payload = payload
-        """Whatever the runner attaches (the ChatRequest)."""
+        """Whatever the runner attaches (its `Submission`: the request and how to run it)."""
         self.prefix = prefix
         """Key of the shared prompt prefix (None: no prefix warming for this item)."""
         self.left = left
@@ -220,3 +225,26 @@ class PolicyStats:
     """Items that were held behind a warming leader."""
     held_s: float
     """Seconds items spent held behind leaders, summed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submission:
+    """One `Scheduler.submit` call as its item carries it (`PolicyItem.payload`).
+
+    The request and the caller's terms travel together, so the runner hands
+    `RequestAttempts.run_item` one item, and a batch reads its members' requests
+    from their items.
+    """
+
+    request: ChatRequest
+    """The call, with its route key, turn and engine priority set."""
+    timeout: float | None
+    """Seconds for queue wait + call + retries (None: no limit)."""
+    max_retries: int
+    """Retries of this call's retryable errors."""
+    sibling: SiblingInfo | None = None
+    """The calling sibling (for logs)."""
+    on_chunk: Callable[[ChatChunk], None] | None = None
+    """Called with every streamed delta."""
+    check: Callable[[ChatResponse], None] | None = None
+    """Called with each response; a retryable error it raises is retried."""

@@ -68,7 +68,7 @@ from langgraph_batch.scheduler._capacity import (
     read_kv_tiers,
 )
 from langgraph_batch.scheduler._dispatch import DispatchLoop
-from langgraph_batch.scheduler._item import PolicyItem
+from langgraph_batch.scheduler._item import PolicyItem, Submission
 from langgraph_batch.scheduler._pacing import RateGate
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
@@ -443,7 +443,6 @@ class Scheduler:
                 sibling_id=sibling.sibling_id,
                 group=sibling.group,
                 batchable=request.batchable,
-                payload=request,
                 prefix=prefix,
                 left=sibling.left,
                 conversation=conversation,
@@ -452,22 +451,25 @@ class Scheduler:
             item = PolicyItem(
                 turn=turn or 0,
                 batchable=request.batchable,
-                payload=request,
                 prefix=prefix,
                 conversation=conversation,
             )
         if self._priority_to_engine and request.priority == 0:
-            item.payload = request = replace(request, priority=self._core.priority.for_engine(item))
+            request = replace(request, priority=self._core.priority.for_engine(item))
+        item.payload = Submission(
+            request=request,
+            timeout=timeout,
+            max_retries=max_retries,
+            sibling=sibling,
+            on_chunk=on_chunk,
+            check=check,
+        )
         if not _tracing.ENABLED or not _tracing.recording():
-            return await self._attempts.run_item(
-                loop, item, request, timeout, max_retries, on_chunk, sibling, check
-            )
+            return await self._attempts.run_item(item)
         t0 = time.monotonic()
         with _tracing.call_span(self.name, self._provider, request, sibling) as span:
             try:
-                resp = await self._attempts.run_item(
-                    loop, item, request, timeout, max_retries, on_chunk, sibling, check
-                )
+                resp = await self._attempts.run_item(item)
             except BaseException as exc:
                 if span is not None:
                     span.failed(exc)
