@@ -53,7 +53,7 @@ from langgraph_batch._heartbeat import held
 from langgraph_batch.nodes._forecast import ContextForecast
 from langgraph_batch.scheduler import KVLedger
 
-__all__ = ("AdmissionStats", "SiblingAdmission", "check_gate_options")
+__all__ = ("AdmissionStats", "SiblingAdmission")
 
 logger = logging.getLogger(__name__)
 
@@ -91,34 +91,6 @@ class AdmissionStats:
     """Bookings given up so far in this run."""
 
 
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def check_gate_options(
-    *,
-    max_active: int | None = None,
-    kv_headroom: float = KV_HEADROOM,
-    sibling_tokens: int = CONTEXT_TOKENS_PRIOR,
-) -> None:
-    """Check a gate's options where they are given (`fan_out`, a worker), once.
-
-    Raises:
-        ValueError: a `max_active` or `sibling_tokens` that is not a positive
-            int (`max_active` may be None), or a `kv_headroom` outside (0, 1].
-    """
-    if max_active is not None and not _positive_int(max_active):
-        raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
-    if not _positive_int(sibling_tokens):
-        raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
-    if (
-        isinstance(kv_headroom, bool)
-        or not isinstance(kv_headroom, int | float)
-        or not 0.0 < kv_headroom <= 1.0
-    ):
-        raise ValueError(f"kv_headroom must be a number in (0, 1], got {kv_headroom!r}")
-
-
 class SiblingAdmission:
     """Active places (returning before fresh) and KV bookings for one fan_out run.
 
@@ -131,7 +103,7 @@ class SiblingAdmission:
             prompt and answer), until the run has shown real ones.
         clock: seconds, for tool waits (default: `time.monotonic`).
 
-    The options are checked once, where they are given (`check_gate_options`,
+    The options are checked once, where they are given (`_spec.check_gate_options`,
     called by `FanOutSpec` and the distributed workers), not again here.
 
     Example:

@@ -12,15 +12,42 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR, KV_HEADROOM
-from langgraph_batch.nodes._admission import check_gate_options
 from langgraph_batch.nodes._remote import SiblingExecutor
 from langgraph_batch.pricing import PriceTable
 
-__all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec")
+__all__ = ("DEFAULT_SIBLING_TOKENS", "FanOutSpec", "check_gate_options")
 
 DEFAULT_SIBLING_TOKENS = CONTEXT_TOKENS_PRIOR
 """Estimated KV tokens of one sibling's first call before any sibling has shown its own:
 the library's one prior, `_estimates.CONTEXT_TOKENS_PRIOR`."""
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_gate_options(
+    *,
+    max_active: int | None = None,
+    kv_headroom: float = KV_HEADROOM,
+    sibling_tokens: int = CONTEXT_TOKENS_PRIOR,
+) -> None:
+    """Check a gate's options where they are given (`fan_out`, a worker), once.
+
+    Raises:
+        ValueError: a `max_active` or `sibling_tokens` that is not a positive
+            int (`max_active` may be None), or a `kv_headroom` outside (0, 1].
+    """
+    if max_active is not None and not _positive_int(max_active):
+        raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
+    if not _positive_int(sibling_tokens):
+        raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
+    if (
+        isinstance(kv_headroom, bool)
+        or not isinstance(kv_headroom, int | float)
+        or not 0.0 < kv_headroom <= 1.0
+    ):
+        raise ValueError(f"kv_headroom must be a number in (0, 1], got {kv_headroom!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -173,14 +173,7 @@ class BatchPolicyCore:
         return self._warming is not None and self._warming.is_warm(prefix, now)
 
     def stats(self) -> PolicyStats:
-        """A snapshot of the core's counters (as vLLM's `Scheduler.make_stats()`).
-
-        Example:
-            ```python
-            s = core.stats()
-            print(s.queued, s.held, s.limit, s.slow_start, s.warmups)
-            ```
-        """
+        """A snapshot of the core's counters, as vLLM's `make_stats()` (`core.stats().held`)."""
         warming, limit = self._warming, self._limit
         held = warming.held_count if warming is not None else 0
         return PolicyStats(

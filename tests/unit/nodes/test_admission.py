@@ -10,7 +10,8 @@ from langgraph.graph import START, StateGraph
 
 from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch.nodes import fan_out
-from langgraph_batch.nodes._admission import SiblingAdmission, check_gate_options
+from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._spec import check_gate_options
 from langgraph_batch.scheduler import ledger_of
 from langgraph_batch.tools import BatchToolNode
 from tests.unit.nodes.fakes import FakeQueue, ScriptedChatModel

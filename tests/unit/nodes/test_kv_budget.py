@@ -10,7 +10,8 @@ import pytest
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch._request import record_context as _record_context
 from langgraph_batch.backends.base import ChatResponse, Usage
-from langgraph_batch.nodes._admission import SiblingAdmission, check_gate_options
+from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._spec import check_gate_options
 from langgraph_batch.scheduler._capacity import KVLedger
 
 
