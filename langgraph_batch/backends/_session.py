@@ -53,7 +53,7 @@ from typing import Any, Literal, get_args
 import httpx
 
 from langgraph_batch._redact import safe_url
-from langgraph_batch.backends.base import ChatRequest
+from langgraph_batch.backends.base import ChatRequest, conversation_key
 from langgraph_batch.errors import BackendError
 
 __all__ = (
@@ -148,40 +148,6 @@ _DEFAULT = SessionConfig()
 def session_suffix(config: SessionConfig | None) -> str:
     """The backend-key suffix of a session setting (None: off)."""
     return "~s-off" if config is None else config.key_suffix
-
-
-def _content_text(message: Any) -> str:
-    content = message.get("content") if hasattr(message, "get") else None
-    if isinstance(content, str):
-        return content
-    return json.dumps(content, sort_keys=True, default=str)
-
-
-def conversation_key(request: ChatRequest) -> str:
-    """A hash of the request's model, first system message and first user message.
-
-    Every later turn of a conversation repeats these, so the key names the
-    conversation (and the cached prefix) without any context variable.
-
-    Args:
-        request: the call to route.
-
-    Returns:
-        `"prefix:<hex>"`. (Not the scheduler's `prefix_key`, which hashes the
-        shared system + tools prefix for prefix warming.)
-    """
-    system = user = ""
-    for message in request.messages:
-        role = message.get("role")
-        if role in ("system", "developer") and not system:
-            system = _content_text(message)
-        elif role == "user":
-            user = _content_text(message)
-            break
-    digest = hashlib.blake2b(
-        f"{request.model}\x00{system}\x00{user}".encode(), digest_size=12
-    ).hexdigest()
-    return f"prefix:{digest}"
 
 
 def affinity_key(request: ChatRequest) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
@@ -106,6 +107,46 @@ class ChatRequest:
 def sibling_route_key(sibling_id: object) -> str:
     """The `route_key` of every request of one sibling."""
     return f"sibling:{sibling_id}"
+
+
+def _content_text(message: Any) -> str:
+    content = message.get("content") if hasattr(message, "get") else None
+    if isinstance(content, str):
+        return content
+    return json.dumps(content, sort_keys=True, default=str)
+
+
+def conversation_key(request: ChatRequest) -> str:
+    """A hash of the request's model, first system message and first user message.
+
+    Every later turn of a conversation repeats these, so the key names the
+    conversation (and the cached prefix) without any context variable. The
+    one conversation identity: routing keys a replica by it (`affinity_key`)
+    and the scheduler's depth_first priority orders equal turns by when it
+    last completed. A stable hash (blake2b), not Python's `hash`, which is
+    salted per process: two workers of a distributed fan_out name one
+    conversation alike. It holds no text, so remembering many keys keeps no
+    task's messages alive.
+
+    Args:
+        request: the call.
+
+    Returns:
+        `"prefix:<hex>"`. (Not the scheduler's `prefix_key`, which hashes the
+        shared system + tools prefix for prefix warming.)
+    """
+    system = user = ""
+    for message in request.messages:
+        role = message.get("role")
+        if role in ("system", "developer") and not system:
+            system = _content_text(message)
+        elif role == "user":
+            user = _content_text(message)
+            break
+    digest = hashlib.blake2b(
+        f"{request.model}\x00{system}\x00{user}".encode(), digest_size=12
+    ).hexdigest()
+    return f"prefix:{digest}"
 
 
 @dataclass(**_DC_KWARGS)

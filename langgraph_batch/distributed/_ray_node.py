@@ -34,7 +34,7 @@ from typing import Any
 from langgraph_batch.distributed._serde import Serde
 from langgraph_batch.distributed._sibling import invoke_sibling
 from langgraph_batch.distributed.worker import load_graph
-from langgraph_batch.nodes import SiblingAdmission
+from langgraph_batch.nodes import SiblingAdmission, check_gate_options
 from langgraph_batch.tools import MemoryOnceStore, OnceStore, forget_run, set_once_store
 
 __all__ = ("ONCE_TTL_S", "STARTED", "Ledger", "NodeRunner", "RayOnceStore")
@@ -66,6 +66,7 @@ class NodeRunner:
         self.graph_path = graph
         self.graph = load_graph(graph, app_dir=app_dir)
         self.serde = Serde.for_graph(self.graph, extra=allowed_types, max_bytes=max_payload_bytes)
+        check_gate_options(max_active=max_active)
         self.admission = SiblingAdmission(max_active=max_active)
         self._running = 0
         self._slots: asyncio.Semaphore | None = None

@@ -69,7 +69,7 @@ from langgraph_batch.distributed._serde import (
     Serde,
 )
 from langgraph_batch.distributed._sibling import invoke_sibling
-from langgraph_batch.nodes import SiblingAdmission
+from langgraph_batch.nodes import SiblingAdmission, check_gate_options
 from langgraph_batch.scheduler.registry import set_backend_wrapper
 from langgraph_batch.tools import forget_run, set_flight_store, set_once_store
 
@@ -187,6 +187,7 @@ class Worker:
         self.graph_path = graph
         self.graph = load_graph(graph, app_dir=app_dir)
         self.concurrency = concurrency
+        check_gate_options(max_active=max_active)
         self.admission = SiblingAdmission(max_active=max_active)
         """The worker's admission gate, shared by the siblings of every run it serves."""
         self.cluster_inflight = cluster_inflight

@@ -96,24 +96,19 @@ class SiblingAdmission:
 
     Args:
         max_active: how many siblings may hold a place at once; None for no cap.
-        kv_capacity: the server's KV cache size in tokens, for a gate that
-            budgets alone (a private ledger); None disables the KV budget
-            unless `kv_ledger` is given.
-        kv_ledger: the server's shared ledger (`Scheduler.kv_ledger()`): the
-            budget is then shared with every other run booking it.
+        kv_ledger: the server's ledger (`Scheduler.kv_ledger()`): the budget is
+            shared with every other run booking it; None: no KV budget.
         kv_headroom: share of the capacity the booked siblings may fill.
         sibling_tokens: the prior for one sibling's first-call context (its
             prompt and answer), until the run has shown real ones.
         clock: seconds, for tool waits (default: `time.monotonic`).
 
-    Raises:
-        ValueError: for a `max_active`, `kv_capacity` or `sibling_tokens` that
-            is not a positive integer (or None where allowed), or a
-            `kv_headroom` outside (0, 1].
+    The options are checked once, where they are given (`_spec.check_gate_options`,
+    called by `FanOutSpec` and the distributed workers), not again here.
 
     Example:
         ```python
-        gate = SiblingAdmission(kv_capacity=440_000)
+        gate = SiblingAdmission(kv_ledger=await scheduler.kv_ledger())
         await gate.acquire(info, returning=False)
         try:
             ...  # run the sibling's model nodes (tools release/re-acquire)
@@ -126,22 +121,11 @@ class SiblingAdmission:
         self,
         *,
         max_active: int | None = None,
-        kv_capacity: int | None = None,
         kv_ledger: KVLedger | None = None,
         kv_headroom: float = KV_HEADROOM,
         sibling_tokens: int = CONTEXT_TOKENS_PRIOR,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_active is not None and (isinstance(max_active, bool) or max_active < 1):
-            raise ValueError(f"max_active must be a positive int or None, got {max_active!r}")
-        if kv_capacity is not None and (isinstance(kv_capacity, bool) or kv_capacity < 1):
-            raise ValueError(f"kv_capacity must be a positive int or None, got {kv_capacity!r}")
-        if not 0.0 < kv_headroom <= 1.0:
-            raise ValueError(f"kv_headroom must be in (0, 1], got {kv_headroom!r}")
-        if isinstance(sibling_tokens, bool) or sibling_tokens < 1:
-            raise ValueError(f"sibling_tokens must be a positive int, got {sibling_tokens!r}")
-        if kv_ledger is None and kv_capacity is not None:
-            kv_ledger = KVLedger(kv_capacity)
         self._sizing = False
         self._max_active = max_active
         self._headroom = kv_headroom

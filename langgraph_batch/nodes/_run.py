@@ -1,9 +1,12 @@
 """The live state of one fan_out invocation, and how a run opens and closes.
 
 `FanOutRun` is shared by the sibling tasks (through the inner graph's config):
-the gate, the counters, the progress writer. `open_run` reads the items,
-builds the gate and announces the run; `close_run` stops the gate's sizer
-and forgets what coalesced tools kept for the run.
+the gate, the counters, the progress writer. `open_run` reads the items
+(`read_items`), finds the scheduler (`named_scheduler`), builds the gate on
+the server's KV ledger as the scheduler keeps it (`make_admission`; without
+a named scheduler, `size_later` finds the one the siblings' models create)
+and announces the run; `close_run` stops the gate's sizer and forgets what
+coalesced tools kept for the run. `FanOutSpec` holds the options only.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import hashlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
@@ -28,6 +31,8 @@ from langgraph_batch._observe.progress import FAN_OUT_EVENT, fan_out_event
 from langgraph_batch.nodes._admission import SiblingAdmission
 from langgraph_batch.nodes._spec import FanOutSpec
 from langgraph_batch.pricing import CostCallback, CostMeter
+from langgraph_batch.scheduler import KVLedger, ledger_of
+from langgraph_batch.scheduler.registry import find_scheduler, loop_schedulers, scheduler_created
 from langgraph_batch.tools import forget_run
 
 __all__ = (
@@ -38,8 +43,13 @@ __all__ = (
     "close_empty",
     "close_run",
     "group_id",
+    "loop_scheduler",
+    "make_admission",
+    "named_scheduler",
     "open_run",
+    "read_items",
     "report_sizer",
+    "size_later",
     "stream_writer",
     "thread_config",
 )
@@ -242,6 +252,123 @@ def group_id(config: RunnableConfig) -> str:
     return uuid.uuid4().hex[:8]
 
 
+_DISCOVER_TIMEOUT_S = 1.0
+"""How long after its first sibling started a fan_out without `scheduler=` waits for the
+scheduler its siblings' models create (admitting one sibling meanwhile)."""
+
+
+def loop_scheduler() -> Any:
+    """The one open scheduler the model calls created in the running loop, if exactly one."""
+    found = loop_schedulers()
+    return found[0] if len(found) == 1 else None
+
+
+async def _discover_scheduler(admission: SiblingAdmission, run_done: asyncio.Event) -> Any:
+    """The one scheduler of the running loop, once a model creates it (None: gave up).
+
+    The registry announces each scheduler it creates (`scheduler_created`):
+    nothing polls. A loop with several schedulers is ambiguous (None at the
+    deadline), as is one where no model of the run creates any.
+    """
+    loop = asyncio.get_running_loop()
+    ended = loop.create_task(run_done.wait())
+    started = loop.create_task(admission.first_resident.wait())
+    deadline: asyncio.Task[None] | None = None
+    created: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            found = loop_scheduler()
+            if found is not None:
+                return found
+            created = scheduler_created()
+            waits: set[asyncio.Future[Any]] = {created, ended}
+            waits.add(deadline if deadline is not None else started)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if ended in done or (deadline is not None and deadline in done):
+                return None
+            if deadline is None and started in done:
+                # The grace period starts when the first sibling runs.
+                deadline = loop.create_task(asyncio.sleep(_DISCOVER_TIMEOUT_S))
+    finally:
+        for task in (ended, started, deadline, created):
+            if task is not None and not task.done():
+                task.cancel()
+
+
+def read_items(spec: FanOutSpec, state: Any) -> list[Any]:
+    """The run's items, from the state key or callable, as a list in input order."""
+    if callable(spec.items):
+        seq = spec.items(state)
+    else:
+        try:
+            seq = state[spec.items]
+        except (KeyError, TypeError):
+            raise KeyError(
+                f"fan_out {spec.node_name!r}: the state has no key {spec.items!r} to read "
+                f"items from; pass items= the right key or a callable(state)"
+            ) from None
+    if isinstance(seq, Set):
+        raise TypeError(
+            f"fan_out {spec.node_name!r}: items is a {type(seq).__name__}, which has no input "
+            f"order, but results come back in input order; pass a list (for example "
+            f"sorted(...) of it)"
+        )
+    if isinstance(seq, str | bytes) or not isinstance(seq, Sequence):
+        raise TypeError(
+            f"fan_out {spec.node_name!r}: items must be a sequence (a list or tuple), "
+            f"got {type(seq).__name__}"
+        )
+    items = list(seq)
+    if spec.make_input is None:
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise TypeError(
+                    f"fan_out {spec.node_name!r}: item {i} is a {type(item).__name__}, not a "
+                    f"mapping; pass make_input=lambda item, index: {{...}} to build each "
+                    f"sibling's input"
+                )
+    return items
+
+
+def named_scheduler(spec: FanOutSpec) -> Any:
+    """The scheduler `spec` names: itself, or its registry name's (None: none, or unknown)."""
+    sched = spec.scheduler
+    if isinstance(sched, str):
+        try:
+            return find_scheduler(sched)
+        except Exception:
+            logger.debug("fan_out: no scheduler named %s", sched, exc_info=True)
+            return None
+    return sched
+
+
+async def size_later(admission: SiblingAdmission, run_done: asyncio.Event) -> None:
+    """Size the gate from the scheduler the first sibling's model creates.
+
+    Runs while the gate admits one fresh sibling at a time; gives up (no
+    budget, as when the capacity is unknown) when no scheduler appears
+    within `_DISCOVER_TIMEOUT_S` after the first sibling started, or the
+    run ends.
+    """
+    ledger: KVLedger | None = None
+    try:
+        found = await _discover_scheduler(admission, run_done)
+        if found is not None:
+            ledger = await ledger_of(found)
+    finally:
+        admission.set_kv_ledger(ledger)
+
+
+async def make_admission(spec: FanOutSpec, scheduler: Any) -> SiblingAdmission:
+    """The gate of one run: `max_active` plus the server's shared KV budget when known."""
+    return SiblingAdmission(
+        max_active=spec.max_active,
+        kv_ledger=await ledger_of(scheduler),
+        kv_headroom=spec.kv_headroom,
+        sibling_tokens=spec.sibling_tokens,
+    )
+
+
 def report_sizer(task: asyncio.Task[None]) -> None:
     """The sizer is never awaited (the run may be cancelled): report its failure here."""
     if task.cancelled():
@@ -256,11 +383,11 @@ def report_sizer(task: asyncio.Task[None]) -> None:
 
 async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanOutRun:
     """Read the items, build the gate, announce the run (in the event loop it will use)."""
-    items = spec.resolve_items(state)
+    items = read_items(spec, state)
     remote = spec.executor is not None
     # Remote siblings are admitted by their workers: the parent's gate stays open.
-    scheduler = None if remote else spec.resolve_scheduler()
-    admission = SiblingAdmission() if remote else await spec.make_admission(scheduler)
+    scheduler = None if remote else named_scheduler(spec)
+    admission = SiblingAdmission() if remote else await make_admission(spec, scheduler)
     label = spec.name
     if label is None:  # unnamed: progress events use the graph's name for the node
         label = str((config.get("metadata") or {}).get("langgraph_node") or spec.node_name)
@@ -282,7 +409,7 @@ async def open_run(spec: FanOutSpec, state: Any, config: RunnableConfig) -> FanO
         # No scheduler named: the siblings' models create one on their first
         # call. Let one sibling in, find that scheduler, then size the gate.
         admission.start_sizing()
-        run.sizer = asyncio.create_task(spec.size_later(admission, run.run_done))
+        run.sizer = asyncio.create_task(size_later(admission, run.run_done))
         run.sizer.add_done_callback(report_sizer)
     run.emit("started", max_active=admission.max_active)
     return run

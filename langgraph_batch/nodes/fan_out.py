@@ -47,9 +47,9 @@ How it is built, and why:
   sibling node has a sync twin that calls `subgraph.invoke` in its thread.
 
 Modules: `_spec` (`FanOutSpec`: every option named, typed, defaulted and
-checked once; items, KV capacity and gate sizing), `_run` (a run's live
-state, how it opens and closes), `_admission` (the gate); this one builds the
-node and the siblings.
+checked once; pure data), `_run` (a run's live state, how it opens and
+closes: its items, its scheduler, the server's KV ledger and the gate's
+sizing), `_admission` (the gate); this one builds the node and the siblings.
 
 Records travel through the private `results` channel as plain lists and are
 collected in input order by `_results` (which also owns `SiblingError`).

@@ -14,6 +14,7 @@ from __future__ import annotations
 from langgraph_batch._rate_budget import RateLimitPolicy
 from langgraph_batch._retry_policy import RetryPolicy
 from langgraph_batch.scheduler._capacity import KVLedger
+from langgraph_batch.scheduler._capacity import ledger_of as ledger_of
 from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._runner import Scheduler
 from langgraph_batch.scheduler._runner import live_schedulers as live_schedulers
@@ -28,8 +29,8 @@ from langgraph_batch.scheduler.registry import (
     get_scheduler as get_scheduler,  # deprecated: find_scheduler
 )
 
-# Also importable from here, for the library's other packages (metrics), and not part of
-# `__all__` (no user API): live_schedulers.
+# Also importable from here, for the library's other packages (metrics, fan_out), and not
+# part of `__all__` (no user API): live_schedulers, ledger_of.
 __all__ = (
     "BatchPolicy",
     "KVLedger",

@@ -21,13 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from langgraph_batch._context import SiblingInfo
 from langgraph_batch._heartbeat import held
 from langgraph_batch._retry_policy import Delivery
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
 from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError
 from langgraph_batch.scheduler._dispatch import DispatchLoop
-from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem
+from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem, Submission
 from langgraph_batch.scheduler._pacing import RateGate
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._retry import log_failure, log_retry, outcome_of
@@ -70,28 +69,17 @@ class RequestAttempts:
         self._gate = gate
         self._rng = random.Random()
 
-    async def run_item(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        item: PolicyItem,
-        request: ChatRequest,
-        timeout: float | None,  # noqa: ASYNC109 - submit's contract
-        max_retries: int,
-        on_chunk: Callable[[ChatChunk], None] | None,
-        sibling: SiblingInfo | None,
-        check: Callable[[ChatResponse], None] | None,
-    ) -> ChatResponse:
+    async def run_item(self, item: PolicyItem) -> ChatResponse:
+        """Run the submission `item` carries (`item.payload`) to its response or error."""
+        call: Submission = item.payload
+        request, timeout, sibling = call.request, call.timeout, call.sibling
         try:
             if timeout is None:
-                return await self._execute(
-                    loop, item, request, max_retries, on_chunk, sibling, check
-                )
+                return await self._execute(item, call)
             cm = asyncio.timeout(timeout)
             try:
                 async with cm:
-                    return await self._execute(
-                        loop, item, request, max_retries, on_chunk, sibling, check
-                    )
+                    return await self._execute(item, call)
             except TimeoutError as exc:
                 if not cm.expired():
                     raise
@@ -111,16 +99,10 @@ class RequestAttempts:
             self._stats.cancelled += 1
             raise
 
-    async def _execute(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        item: PolicyItem,
-        request: ChatRequest,
-        max_retries: int,
-        on_chunk: Callable[[ChatChunk], None] | None,
-        sibling: SiblingInfo | None,
-        check: Callable[[ChatResponse], None] | None,
-    ) -> ChatResponse:
+    async def _execute(self, item: PolicyItem, call: Submission) -> ChatResponse:
+        request, max_retries, sibling = call.request, call.max_retries, call.sibling
+        on_chunk, check = call.on_chunk, call.check
+        loop = asyncio.get_running_loop()
         core = self._core
         clock = time.monotonic
         t0 = clock()

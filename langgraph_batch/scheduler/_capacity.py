@@ -7,6 +7,11 @@ asks the backend once when no sample came yet. It also owns the server's
 there, so two concurrent runs share one budget instead of each budgeting the
 whole cache. Admission gates ask the ledger whether a fresh sibling fits, and
 the ledger wakes them when a sibling somewhere finishes (push: nothing polls).
+
+This module is the one place a ledger is made (`make_ledger`, behind
+`Scheduler.kv_ledger()` and `ledger_of`) and the one place the capacity rule
+is written (`positive_tokens`: a capacity is a positive int, anything else
+is unknown), as vLLM's `KVCacheManager` alone allocates blocks.
 """
 
 from __future__ import annotations
@@ -15,12 +20,21 @@ import asyncio
 import logging
 import threading
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
 
 from langgraph_batch._estimates import kv_budget
 from langgraph_batch.backends.base import Backend, EngineMetrics
 
-__all__ = ("METRICS_TIMEOUT_S", "KVLedger", "LedgerMember", "read_kv_capacity", "read_kv_tiers")
+__all__ = (
+    "METRICS_TIMEOUT_S",
+    "KVLedger",
+    "LedgerMember",
+    "ledger_of",
+    "make_ledger",
+    "positive_tokens",
+    "read_kv_capacity",
+    "read_kv_tiers",
+)
 
 logger = logging.getLogger("langgraph_batch.scheduler")
 
@@ -56,13 +70,53 @@ async def read_kv_tiers(
             return None, None
     if metrics is None:
         return None, None
-    return _positive(metrics.kv_capacity_tokens), _positive(metrics.kv_offload_tokens)
+    return positive_tokens(metrics.kv_capacity_tokens), positive_tokens(metrics.kv_offload_tokens)
 
 
-def _positive(value: object) -> int | None:
+def positive_tokens(value: object) -> int | None:
+    """The capacity rule: a token count is a positive int; anything else is unknown (None)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
+
+
+def make_ledger(capacity: object, *, offload_capacity: int | None = None) -> KVLedger | None:
+    """A ledger for a server of `capacity` tokens (None: the capacity is unknown).
+
+    The one constructor call of `KVLedger` in the library: `Scheduler.kv_ledger()`
+    makes the server's shared one with it, `ledger_of` a run's own for a
+    scheduler that only says its capacity.
+    """
+    tokens = positive_tokens(capacity)
+    return None if tokens is None else KVLedger(tokens, offload_capacity=offload_capacity)
+
+
+async def ledger_of(scheduler: Any) -> KVLedger | None:
+    """The KV ledger a fan_out run books on `scheduler` (None: no KV budget).
+
+    Every run on one `Scheduler` books the same ledger (`Scheduler.kv_ledger`),
+    so concurrent runs share the server's capacity. A custom scheduler that
+    only says its capacity (`kv_capacity()`) gets a ledger of the run's own;
+    one that says neither gets none. An unknown capacity means no budget,
+    never a failed run: errors are logged at DEBUG.
+    """
+    ask = getattr(scheduler, "kv_ledger", None)
+    if callable(ask):
+        try:
+            ledger = await ask()
+        except Exception:
+            logger.debug("fan_out: the scheduler could not give its KV ledger", exc_info=True)
+            return None
+        return ledger if isinstance(ledger, KVLedger) else None
+    ask = getattr(scheduler, "kv_capacity", None)
+    if not callable(ask):
+        return None
+    try:
+        capacity = await ask()
+    except Exception:
+        logger.debug("fan_out: the scheduler could not say its KV capacity", exc_info=True)
+        return None
+    return make_ledger(capacity)
 
 
 class LedgerMember(Protocol):
@@ -120,9 +174,9 @@ class KVLedger:
     """
 
     def __init__(self, capacity: int, *, offload_capacity: int | None = None) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        if positive_tokens(capacity) is None:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        if offload_capacity is not None and _positive(offload_capacity) is None:
+        if offload_capacity is not None and positive_tokens(offload_capacity) is None:
             raise ValueError(
                 f"offload_capacity must be a positive int or None, got {offload_capacity!r}"
             )

@@ -16,11 +16,10 @@ from typing_extensions import deprecated
 from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR
 from langgraph_batch._rate_budget import RateLimitPolicy
 from langgraph_batch._retry_policy import RetryPolicy
+from langgraph_batch.scheduler._priority import PRIORITY_MODES, PriorityMode
 
 __all__ = ("BatchPolicy", "PrefixWarming", "PriorityMode")
 
-PriorityMode = Literal["depth_first", "las", "fifo"]
-_PRIORITY_MODES: tuple[str, ...] = ("depth_first", "las", "fifo")
 
 PrefixWarming = Literal["auto", "on", "off"]
 _PREFIX_WARMING: tuple[str, ...] = ("auto", "on", "off")
@@ -275,9 +274,9 @@ class BatchPolicy(metaclass=_AcceptsDeprecatedKeywords):
             raise ValueError(f"adapt_cooldown_s={self.adapt_cooldown_s!r} must be >= 0")
         if not self.metrics_interval_s > 0:
             raise ValueError(f"metrics_interval_s={self.metrics_interval_s!r} must be > 0")
-        if self.priority not in _PRIORITY_MODES:
+        if self.priority not in PRIORITY_MODES:
             raise ValueError(
-                f"priority={self.priority!r} is not one of {', '.join(_PRIORITY_MODES)}"
+                f"priority={self.priority!r} is not one of {', '.join(PRIORITY_MODES)}"
             )
         if not self.batch_window_s >= 0:
             raise ValueError(f"batch_window_s={self.batch_window_s!r} must be >= 0")

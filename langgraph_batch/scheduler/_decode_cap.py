@@ -50,9 +50,8 @@ to learn about more concurrency.
 At the end of a fan_out run the cap is rounded (`wave`) so that what the run
 has left runs in equal waves: 100 siblings at a cap of 16 run in waves of 17
 (not six of 16 and a last one of 4, which would decode alone at a fraction
-of the throughput), and fewer than two caps' worth run at once. `RunDemand`
-counts, for that, the agent requests of each run and asks the run how many
-of its siblings are left.
+of the throughput), and fewer than two caps' worth run at once (the gate's
+`RunDemand`, in `_decode_gate.py`, says how many siblings the runs have left).
 
 The objects are pure: fed numbers with an explicit `now`, no clock.
 `BatchPolicyCore` owns them when the backend reports engine metrics and
@@ -71,10 +70,9 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-__all__ = ("LONG_HORIZON_TURNS", "DecodeCap", "RunDemand")
+__all__ = ("DecodeCap",)
 
 _STEP = math.sqrt(2.0)
 _LOG_STEP = math.log(_STEP)
@@ -501,92 +499,3 @@ class DecodeCap:
             self._probed_at = self._samples
             self._probed_from = k
             self._move(k + 1)
-
-
-LONG_HORIZON_TURNS = 4
-"""A run whose requests reach this many completed calls per sibling is long-horizon: its
-siblings do not finish in a wave (each has turns left), so the cap is not rounded for it."""
-
-
-class _Run:
-    """A fan_out run with agent requests queued or running."""
-
-    __slots__ = ("deepest", "left", "live")
-
-    def __init__(self, left: Callable[[], int]) -> None:
-        self.live = 0
-        self.left = left
-        self.deepest = 0
-        """The most calls a sibling of the run had completed when it queued a request."""
-
-
-class RunDemand:
-    """The agent requests queued or running, by fan_out run (for `DecodeCap.wave`).
-
-    Each request says which run it belongs to and carries the run's counter of
-    siblings not finished yet (`SiblingInfo.left`); requests of no known run
-    make the demand unknown.
-
-    Example:
-        ```python
-        demand = RunDemand()
-        demand.add("run-1", lambda: 40)
-        assert demand.siblings_left() == 40
-        demand.add(None, None)            # a request outside any fan_out
-        assert demand.siblings_left() is None
-        ```
-    """
-
-    __slots__ = ("_runs", "_solo")
-
-    def __init__(self) -> None:
-        self._runs: dict[Hashable, _Run] = {}
-        self._solo = 0
-
-    def add(self, run: Hashable | None, left: Callable[[], int] | None, turn: int = 0) -> None:
-        """A request of `run` was queued (its counter: `left`; None, None: of no run).
-
-        `turn`: the calls its sibling had completed (a deep one marks a long-horizon run).
-        """
-        if run is None or left is None:
-            self._solo += 1
-            return
-        r = self._runs.get(run)
-        if r is None:
-            r = self._runs[run] = _Run(left)
-        r.live += 1
-        if turn > r.deepest:
-            r.deepest = turn
-
-    def remove(self, run: Hashable | None, left: Callable[[], int] | None) -> None:
-        """A request of `run` finished or was withdrawn (the same arguments as `add`)."""
-        if run is None or left is None:
-            self._solo = max(0, self._solo - 1)
-            return
-        r = self._runs.get(run)
-        if r is None:
-            return
-        r.live -= 1
-        if r.live <= 0:
-            del self._runs[run]
-
-    def siblings_left(self) -> int | None:
-        """Siblings the runs in progress have left (None: unknown, or no run in progress).
-
-        A run counts at least its requests queued or running (a sibling may
-        have several). A long-horizon run (`LONG_HORIZON_TURNS`) makes it
-        unknown: its siblings finish one by one, many turns apart, never in
-        one last wave, so rounding the cap up to all of them would only put
-        more sequences into every decode step (measured on W8's agents of 6-24
-        turns: rounded up to ~32 at ~30 left, decode slowed ~2x per token and
-        the run took 1.25x longer than at the learned 16).
-        """
-        if self._solo or not self._runs:
-            return None
-        total = 0
-        for r in self._runs.values():
-            if r.deepest >= LONG_HORIZON_TURNS:
-                return None
-            left = r.left()
-            total += left if left > r.live else r.live
-        return total

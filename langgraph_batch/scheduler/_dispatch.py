@@ -214,7 +214,7 @@ class DispatchLoop:
         self.kick()
 
     async def _run_batch(self, batch: list[PolicyItem]) -> None:
-        requests = [item.payload for item in batch]
+        requests = [item.payload.request for item in batch]
         for _ in batch:
             self._stats.record_dispatch()
         try:

@@ -11,7 +11,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from langgraph_batch._context import SiblingInfo
+    from langgraph_batch.backends.base import ChatChunk, ChatRequest, ChatResponse
 
 __all__ = (
     "DONE",
@@ -23,7 +27,9 @@ __all__ = (
     "Outcome",
     "Plan",
     "PolicyItem",
+    "PolicyStats",
     "RequestStatus",
+    "Submission",
 )
 
 
@@ -134,14 +140,14 @@ class PolicyItem:
         self.batchable = batchable
         """May go out in one `complete_batch` call with others."""
         self.payload = payload
-        """Whatever the runner attaches (the ChatRequest)."""
+        """Whatever the runner attaches (its `Submission`: the request and how to run it)."""
         self.prefix = prefix
         """Key of the shared prompt prefix (None: no prefix warming for this item)."""
         self.left = left
         """How many siblings of its fan_out run are not finished (read when the
         decode cap is applied; None: not in a fan_out run)."""
         self.conversation = conversation
-        """The conversation it continues (`_priority.conversation_of`), when known."""
+        """The conversation it continues (`backends.base.conversation_key`), when known."""
         self.recency = 0
         """When that conversation last had a call complete (set at enqueue; 0: never)."""
         self.leading = False
@@ -183,3 +189,62 @@ class Plan:
     """Groups of batchable items, each to go out in one call (one slot per member)."""
     wake_at: float | None = None
     """When an open batch window closes (None: nothing is waiting on the clock)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyStats:
+    """The policy core's counters at one moment: `BatchPolicyCore.stats()`.
+
+    One snapshot instead of a property per counter, as vLLM's
+    `Scheduler.make_stats()` returns one `SchedulerStats`.
+    """
+
+    queued: int
+    """Items waiting for a slot, held ones included."""
+    ready: int
+    """Items waiting for a slot that `plan` may grant (held ones excluded)."""
+    held: int
+    """Items held until their prefix is warm."""
+    in_flight: int
+    """Slots held."""
+    limit: int
+    """The adaptive in-flight limit."""
+    limit_exact: float
+    """The adaptive limit before rounding down."""
+    slow_start: bool
+    """Whether the limit still doubles per sample (no overload seen yet)."""
+    increases: int
+    """Times the limit grew on engine metrics."""
+    decreases: int
+    """Times the limit shrank (429/503/preemptions)."""
+    decode_limit: int | None
+    """The decode cap on agent requests in flight (None: not capping)."""
+    warmups: int
+    """Leaders dispatched (prefix warm-ups started)."""
+    held_total: int
+    """Items that were held behind a warming leader."""
+    held_s: float
+    """Seconds items spent held behind leaders, summed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submission:
+    """One `Scheduler.submit` call as its item carries it (`PolicyItem.payload`).
+
+    The request and the caller's terms travel together, so the runner hands
+    `RequestAttempts.run_item` one item, and a batch reads its members' requests
+    from their items.
+    """
+
+    request: ChatRequest
+    """The call, with its route key, turn and engine priority set."""
+    timeout: float | None
+    """Seconds for queue wait + call + retries (None: no limit)."""
+    max_retries: int
+    """Retries of this call's retryable errors."""
+    sibling: SiblingInfo | None = None
+    """The calling sibling (for logs)."""
+    on_chunk: Callable[[ChatChunk], None] | None = None
+    """Called with every streamed delta."""
+    check: Callable[[ChatResponse], None] | None = None
+    """Called with each response; a retryable error it raises is retried."""

@@ -13,7 +13,7 @@ explicit clocks.
 Each concern has its own module and object, which the core composes (as
 vLLM's v1 core composes its request queue and managers):
 
-- `_item`: `RequestStatus`, `PolicyItem`, `Outcome`, `Plan`;
+- `_item`: `RequestStatus`, `PolicyItem`, `Outcome`, `Plan`, `PolicyStats`;
 - `_priority`: the priority key (depth_first, las, fifo), also the engine's;
 - `_limit`: the adaptive in-flight limit (slow start, AIMD);
 - `_decode_gate`: the learned decode cap on agent requests;
@@ -44,10 +44,11 @@ from langgraph_batch.scheduler._item import (
     Outcome,
     Plan,
     PolicyItem,
+    PolicyStats,
     RequestStatus,
 )
 from langgraph_batch.scheduler._limit import InflightLimit
-from langgraph_batch.scheduler._priority import PRIORITY_KEYS, AttainedService, Recency
+from langgraph_batch.scheduler._priority import Priority
 from langgraph_batch.scheduler._warming import WarmingGate
 
 __all__ = (
@@ -56,6 +57,7 @@ __all__ = (
     "Outcome",
     "Plan",
     "PolicyItem",
+    "PolicyStats",
     "PriorityMode",
     "RequestStatus",
 )
@@ -96,10 +98,9 @@ class BatchPolicyCore:
         warming: bool = False,
     ) -> None:
         self.policy = policy
-        self._key = PRIORITY_KEYS[policy.priority]
-        self._records_service = policy.priority == "las"
-        self._attained = AttainedService()
-        self._recency = Recency() if policy.priority == "depth_first" else None
+        self.priority = Priority(policy.priority)
+        """The priority mode: heap key, engine priority, recency and attained service."""
+        self._recency = self.priority.recency
         self._gather = GatherGate(policy.gather_window_s if self._recency is not None else 0.0)
         self._batching = batching and policy.max_batch_size > 1 and policy.batch_window_s > 0
         self._window = policy.batch_window_s
@@ -122,45 +123,18 @@ class BatchPolicyCore:
         self.latest_metrics: EngineMetrics | None = None
 
     # ------------------------------------------------------------------ views
+    # What the runner reads on every event; everything else is in `stats()`.
 
     @property
     def queued(self) -> int:
         """Items waiting for a slot, held ones included (withdrawn ones excluded)."""
-        return self._queued + self._bqueued + self.held
+        held = self._warming.held_count if self._warming is not None else 0
+        return self._queued + self._bqueued + held
 
     @property
     def ready(self) -> int:
         """Items waiting for a slot that `plan` may grant (held ones excluded)."""
         return self._queued + self._bqueued
-
-    @property
-    def held(self) -> int:
-        """Items held until their prefix is warm."""
-        return self._warming.held_count if self._warming is not None else 0
-
-    @property
-    def warming(self) -> bool:
-        """Whether prefix warming is on."""
-        return self._warming is not None
-
-    def is_warm(self, prefix: Hashable, now: float) -> bool:
-        """Whether a prefix key is warm now (warmed and used within `warm_ttl_s`)."""
-        return self._warming is not None and self._warming.is_warm(prefix, now)
-
-    @property
-    def warmups(self) -> int:
-        """Leaders dispatched (prefix warm-ups started)."""
-        return self._warming.warmups if self._warming is not None else 0
-
-    @property
-    def held_total(self) -> int:
-        """Items that were held behind a warming leader."""
-        return self._warming.held_total if self._warming is not None else 0
-
-    @property
-    def held_s(self) -> float:
-        """Seconds items spent held behind leaders, summed."""
-        return self._warming.held_s if self._warming is not None else 0.0
 
     @property
     def in_flight(self) -> int:
@@ -171,26 +145,6 @@ class BatchPolicyCore:
     def limit(self) -> int:
         """The current (adaptive) in-flight limit."""
         return self._limit.value
-
-    @property
-    def limit_exact(self) -> float:
-        """The adaptive limit before rounding down."""
-        return self._limit.exact
-
-    @property
-    def in_slow_start(self) -> bool:
-        """Whether the limit still doubles per sample (no overload seen yet)."""
-        return self._limit.slow_start
-
-    @property
-    def increases(self) -> int:
-        """Times the limit grew on engine metrics."""
-        return self._limit.increases
-
-    @property
-    def decreases(self) -> int:
-        """Times the limit shrank (429/503/preemptions)."""
-        return self._limit.decreases
 
     @property
     def slots_free(self) -> int:
@@ -214,18 +168,33 @@ class BatchPolicyCore:
         """The decode cap's learner (None: off, or no engine metrics)."""
         return self._gate.cap
 
-    @property
-    def attained(self) -> AttainedService:
-        """Inference seconds per sibling (the LAS key; recorded in `las` mode)."""
-        return self._attained
+    def is_warm(self, prefix: Hashable, now: float) -> bool:
+        """Whether a prefix key is warm now (warmed and used within `warm_ttl_s`)."""
+        return self._warming is not None and self._warming.is_warm(prefix, now)
+
+    def stats(self) -> PolicyStats:
+        """A snapshot of the core's counters, as vLLM's `make_stats()` (`core.stats().held`)."""
+        warming, limit = self._warming, self._limit
+        held = warming.held_count if warming is not None else 0
+        return PolicyStats(
+            queued=self._queued + self._bqueued + held,
+            ready=self._queued + self._bqueued,
+            held=held,
+            in_flight=self._in_flight,
+            limit=limit.value,
+            limit_exact=limit.exact,
+            slow_start=limit.slow_start,
+            increases=limit.increases,
+            decreases=limit.decreases,
+            decode_limit=self.decode_limit,
+            warmups=warming.warmups if warming is not None else 0,
+            held_total=warming.held_total if warming is not None else 0,
+            held_s=warming.held_s if warming is not None else 0.0,
+        )
 
     def inflight_by_sibling(self) -> dict[Hashable, int]:
         """Slots held per sibling id (siblings with none are absent)."""
         return dict(self._by_sibling)
-
-    def attained_service(self, sibling_id: Hashable) -> float:
-        """Seconds of inference a sibling has received so far (the LAS key)."""
-        return self._attained.get(sibling_id)
 
     def utilisation(self, now: float) -> float:
         """Time-weighted mean of in_flight / limit since the first event (0..1)."""
@@ -256,9 +225,7 @@ class BatchPolicyCore:
         if item.seq < 0:
             item.seq = self._seq
             self._seq += 1
-        if self._recency is not None:
-            item.recency = self._recency.get(item.conversation)
-        entry = (self._key(item, self._attained), item.seq, item)
+        entry = (self.priority.key(item), item.seq, item)
         item.entry = entry
         item.enqueued_at = now
         item.in_batch = False
@@ -451,16 +418,14 @@ class BatchPolicyCore:
                 self._by_sibling[sid] = n
             else:
                 del self._by_sibling[sid]
-            if self._records_service:
-                self._attained.record(sid, now - item.dispatched_at)
+            self.priority.served(sid, now - item.dispatched_at)
         if item.leading:
             self._end_lead(item, warm=outcome is Outcome.OK, now=now)
         elif self._warming is not None and item.prefix is not None and outcome is Outcome.OK:
             self._warming.touch(item.prefix, now)
         if outcome is Outcome.OK:
             self._limit.on_ok(queued=bool(self._queued or self._bqueued))
-            if self._recency is not None and item.conversation is not None:
-                self._recency.record(item.conversation)
+            self.priority.completed(item.conversation)
         elif outcome is Outcome.RATE_LIMITED or outcome is Outcome.OVERLOADED:
             self._limit.decrease(now)
 
@@ -480,9 +445,11 @@ class BatchPolicyCore:
         """
         if not item.leading:
             return False
-        before = self.held
+        warming = self._warming
+        assert warming is not None  # only warming marks an item as leading
+        before = warming.held_count
         self._end_lead(item, warm=True, now=now)
-        return self.held < before
+        return warming.held_count < before
 
     def on_metrics(self, metrics: EngineMetrics, now: float) -> None:
         """Adapt the limit and the decode cap to what the engine reports about its load.

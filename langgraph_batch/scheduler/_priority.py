@@ -1,9 +1,13 @@
-"""Priority: which queued request goes first, as one pluggable key function.
+"""Priority: which queued request goes first, one object per mode (`Priority`).
 
+`Priority(mode)` parses a `BatchPolicy.priority` mode once (as vLLM's
+`create_request_queue(policy)` picks its queue once) and answers everything
+that depends on it: the heap key, the engine's integer priority, whether it
+keeps conversation recency, and whether it records attained service (LAS).
 A key maps an item (and the siblings' attained service) to a number; the
 policy core orders its heaps by `(key, seq)`, lower first, so ties go in
 arrival order. The same key, as an integer, is what the engine's own
-scheduler receives (`engine_priority`, vLLM/SGLang `priority`): the two
+scheduler receives (`Priority.for_engine`, vLLM/SGLang `priority`): the two
 orders never disagree.
 
 - `depth_first` (default): the sibling further along (more turns done) goes
@@ -23,21 +27,27 @@ orders never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
-    from langgraph_batch.scheduler._config import PriorityMode
     from langgraph_batch.scheduler._item import PolicyItem
 
 __all__ = (
     "PRIORITY_KEYS",
+    "PRIORITY_MODES",
     "AttainedService",
+    "Priority",
     "PriorityKey",
+    "PriorityMode",
     "Recency",
-    "conversation_of",
-    "engine_priority",
 )
+
+PriorityMode = Literal["depth_first", "las", "fifo"]
+"""The modes of `BatchPolicy.priority`."""
+
+PRIORITY_MODES: tuple[str, ...] = get_args(PriorityMode)
+"""The modes, as `BatchPolicy` checks them."""
 
 LAS_MEMORY = 100_000
 """Siblings whose attained service is remembered (the oldest forgotten first)."""
@@ -70,8 +80,8 @@ class AttainedService:
 class Recency:
     """When each conversation last had a call complete (a counter), bounded LRU.
 
-    A conversation is named by its system and first user messages
-    (`conversation_of`), which every later turn repeats.
+    A conversation is named by its model, system and first user messages
+    (`backends.base.conversation_key`), which every later turn repeats.
     """
 
     __slots__ = ("_clock", "_last")
@@ -104,28 +114,6 @@ _RECENCY_SCALE = 2.0**-40
 """Recency counts to a fraction of a turn: it orders equal turns, never overrides one."""
 
 
-def conversation_of(messages: Sequence[Mapping[str, Any]]) -> int:
-    """A conversation's identity: a hash of its first system and first user message.
-
-    A number, not the texts: the recency map keeps up to `LAS_MEMORY`
-    conversations, and holding their opening messages would keep every task's
-    text alive (measured: a soak of 100 runs of 1,000 siblings grew ~0.25 MB
-    a run until the map was bounded). Python's string hash is cached on the
-    string object, so this is cheap; it is an in-process key, never sent
-    anywhere (a collision only reorders two requests).
-    """
-    system: Any = None
-    for message in messages:
-        role = message.get("role")
-        if role == "user":
-            content = message.get("content")
-            return hash((system, content if isinstance(content, str) else repr(content)))
-        if system is None and role in ("system", "developer"):
-            content = message.get("content")
-            system = content if isinstance(content, str) else repr(content)
-    return hash((system, None))
-
-
 PriorityKey = Callable[["PolicyItem", AttainedService], float]
 """`key(item, attained) -> float`: lower goes first."""
 
@@ -150,10 +138,62 @@ PRIORITY_KEYS: dict[str, PriorityKey] = {
 """The key of each `BatchPolicy.priority` mode."""
 
 
-def engine_priority(mode: PriorityMode, item: PolicyItem, attained: AttainedService) -> int:
-    """The key as the engine's integer `priority` (lower runs first on vLLM and SGLang)."""
-    if mode == "las":
-        return int(attained.get(item.sibling_id) * _LAS_ENGINE_SCALE)
-    if mode == "depth_first":
-        return -item.turn  # recency orders equal turns here only: the engine's is an int
-    return int(PRIORITY_KEYS[mode](item, attained))
+class Priority:
+    """One priority mode, parsed once: the heap key, the engine's priority, recency, LAS.
+
+    Args:
+        mode: a `BatchPolicy.priority` mode.
+
+    Raises:
+        ValueError: `mode` is not one of `PRIORITY_MODES`.
+
+    Example:
+        ```python
+        priority = Priority("las")
+        priority.served("g/0", 2.5)
+        item = PolicyItem(turn=1, sibling_id="g/0")
+        assert priority.key(item) == 2.5 and priority.for_engine(item) == 2500
+        ```
+    """
+
+    __slots__ = ("_key", "attained", "mode", "recency", "records_service")
+
+    def __init__(self, mode: PriorityMode) -> None:
+        if mode not in PRIORITY_KEYS:
+            raise ValueError(f"priority={mode!r} is not one of {', '.join(PRIORITY_MODES)}")
+        self.mode: PriorityMode = mode
+        self._key = PRIORITY_KEYS[mode]
+        self.records_service = mode == "las"
+        """Whether completed calls add to their sibling's attained service (LAS)."""
+        self.attained = AttainedService()
+        """Inference seconds per sibling (recorded in `las` mode only)."""
+        self.recency: Recency | None = Recency() if mode == "depth_first" else None
+        """When each conversation last completed a call (`depth_first` only)."""
+
+    def key(self, item: PolicyItem) -> float:
+        """The heap key of `item` (lower first); reads its conversation's recency first."""
+        if self.recency is not None:
+            item.recency = self.recency.get(item.conversation)
+        return self._key(item, self.attained)
+
+    def for_engine(self, item: PolicyItem) -> int:
+        """The key as the engine's integer `priority` (lower runs first).
+
+        vLLM runs lower values first; SGLang's sign is the backend's
+        (`SGLangBackend.engine_priority`), so both orders agree with the queue's.
+        """
+        if self.mode == "las":
+            return int(self.attained.get(item.sibling_id) * _LAS_ENGINE_SCALE)
+        if self.mode == "depth_first":
+            return -item.turn  # recency orders equal turns here only: the engine's is an int
+        return int(self._key(item, self.attained))
+
+    def served(self, sibling_id: Hashable, seconds: float) -> None:
+        """A call of `sibling_id` held a slot for `seconds` (counted in `las` mode)."""
+        if self.records_service:
+            self.attained.record(sibling_id, seconds)
+
+    def completed(self, conversation: Hashable | None) -> None:
+        """A call of `conversation` completed (remembered in `depth_first` mode)."""
+        if self.recency is not None and conversation is not None:
+            self.recency.record(conversation)

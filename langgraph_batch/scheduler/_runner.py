@@ -56,17 +56,22 @@ from langgraph_batch.backends.base import (
     ChatRequest,
     ChatResponse,
     EngineMetrics,
+    conversation_key,
     sibling_route_key,
 )
 from langgraph_batch.errors import SchedulerError
 from langgraph_batch.scheduler._attempt import RequestAttempts
-from langgraph_batch.scheduler._capacity import KVLedger, read_kv_capacity, read_kv_tiers
+from langgraph_batch.scheduler._capacity import (
+    KVLedger,
+    make_ledger,
+    read_kv_capacity,
+    read_kv_tiers,
+)
 from langgraph_batch.scheduler._dispatch import DispatchLoop
-from langgraph_batch.scheduler._item import PolicyItem
+from langgraph_batch.scheduler._item import PolicyItem, Submission
 from langgraph_batch.scheduler._pacing import RateGate
 from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
 from langgraph_batch.scheduler._prefix import prefix_key
-from langgraph_batch.scheduler._priority import conversation_of, engine_priority
 from langgraph_batch.scheduler._state import Lifecycle, SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
 
@@ -161,7 +166,7 @@ class Scheduler:
             gate=self._gate,
         )
         self._priority_to_engine = caps.priority
-        self._orders_by_recency = self._policy.priority == "depth_first"
+        self._orders_by_recency = self._core.priority.recency is not None
         self._ledger: KVLedger | None = None
 
     # ------------------------------------------------------------ properties
@@ -228,7 +233,7 @@ class Scheduler:
                 # The server's word on its second tier, else the user's.
                 if offload is None:
                     offload = self._policy.kv_offload_tokens
-                self._ledger = KVLedger(capacity, offload_capacity=offload)
+                self._ledger = make_ledger(capacity, offload_capacity=offload)
         return self._ledger
 
     def inflight_by_sibling(self) -> dict[str, int]:
@@ -256,13 +261,14 @@ class Scheduler:
             ```
         """
         core = self._core
+        snap = core.stats()
         rec = self._stats
         qw = rec.percentiles(rec.queue_wait)
         lat = rec.percentiles(rec.latency)
         return SchedulerStats(
-            queued=core.queued,
-            in_flight=core.in_flight,
-            inflight_limit=core.limit,
+            queued=snap.queued,
+            in_flight=snap.in_flight,
+            inflight_limit=snap.limit,
             completed=rec.completed,
             failed=rec.failed,
             retries=rec.retries,
@@ -281,11 +287,11 @@ class Scheduler:
             latency_p50=lat[0],
             latency_p95=lat[1],
             latency_p99=lat[2],
-            warmups=core.warmups,
-            warm_held=core.held_total,
-            warm_held_s=core.held_s,
+            warmups=snap.warmups,
+            warm_held=snap.held_total,
+            warm_held_s=snap.held_s,
             malformed_tool_calls=rec.malformed_tool_calls,
-            decode_cap=core.decode_limit,
+            decode_cap=snap.decode_limit,
             rate_waits=self._gate.waits,
             rate_wait_s=self._gate.wait_s,
         )
@@ -430,14 +436,13 @@ class Scheduler:
         prefix = prefix_key(request) if self._warming else None
         if sibling is not None and request.route_key is None:
             request = replace(request, route_key=sibling_route_key(sibling.sibling_id))
-        conversation = conversation_of(request.messages) if self._orders_by_recency else None
+        conversation = conversation_key(request) if self._orders_by_recency else None
         if sibling is not None:
             item = PolicyItem(
                 turn=sibling.turn if turn is None else turn,
                 sibling_id=sibling.sibling_id,
                 group=sibling.group,
                 batchable=request.batchable,
-                payload=request,
                 prefix=prefix,
                 left=sibling.left,
                 conversation=conversation,
@@ -446,24 +451,25 @@ class Scheduler:
             item = PolicyItem(
                 turn=turn or 0,
                 batchable=request.batchable,
-                payload=request,
                 prefix=prefix,
                 conversation=conversation,
             )
         if self._priority_to_engine and request.priority == 0:
-            item.payload = request = replace(
-                request, priority=engine_priority(self._policy.priority, item, self._core.attained)
-            )
+            request = replace(request, priority=self._core.priority.for_engine(item))
+        item.payload = Submission(
+            request=request,
+            timeout=timeout,
+            max_retries=max_retries,
+            sibling=sibling,
+            on_chunk=on_chunk,
+            check=check,
+        )
         if not tracing.ENABLED or not tracing.recording():
-            return await self._attempts.run_item(
-                loop, item, request, timeout, max_retries, on_chunk, sibling, check
-            )
+            return await self._attempts.run_item(item)
         t0 = time.monotonic()
         with tracing.call_span(self.name, self._provider, request, sibling) as span:
             try:
-                resp = await self._attempts.run_item(
-                    loop, item, request, timeout, max_retries, on_chunk, sibling, check
-                )
+                resp = await self._attempts.run_item(item)
             except BaseException as exc:
                 if span is not None:
                     span.failed(exc)

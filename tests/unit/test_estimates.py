@@ -89,7 +89,7 @@ def test_both_kv_sizing_models_start_from_the_one_prior() -> None:
     graph = _Graph()
     spec = fan_out(graph, items="xs", into="out").spec
     assert (spec.sibling_tokens, spec.kv_headroom) == (CONTEXT_TOKENS_PRIOR, KV_HEADROOM)
-    gate = SiblingAdmission(kv_capacity=100_000)
+    gate = SiblingAdmission(kv_ledger=KVLedger(100_000))
     assert gate.sibling_estimate == CONTEXT_TOKENS_PRIOR
     assert gate.kv_budget == kv_budget(100_000, KV_HEADROOM)
     assert KVLedger(100_000).budget(0.5) == kv_budget(100_000, 0.5)

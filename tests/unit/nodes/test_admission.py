@@ -11,6 +11,8 @@ from langgraph.graph import START, StateGraph
 from langgraph_batch._context import SiblingInfo, current_sibling
 from langgraph_batch.nodes import fan_out
 from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._spec import check_gate_options
+from langgraph_batch.scheduler import ledger_of
 from langgraph_batch.tools import BatchToolNode
 from tests.fakes.chat_models import ScriptedChatModel
 from tests.fakes.fan_out import FakeQueue, parent_graph
@@ -28,7 +30,7 @@ async def settle() -> None:
 
 def test_bad_max_active() -> None:
     with pytest.raises(ValueError, match="max_active"):
-        SiblingAdmission(max_active=0)
+        check_gate_options(max_active=0)
 
 
 async def test_unlimited_admits_everyone() -> None:
@@ -265,4 +267,5 @@ async def test_started_event_reports_the_cap_and_the_schedulers_stats() -> None:
     assert started["max_active"] is None  # no explicit cap: the KV budget admits
     assert started["stats"] == {"queued": 4, "in_flight": 7}
     no_sched = fan_out(agent, items="xs", into="out", make_input=msg_input)
-    assert await no_sched.spec.resolve_kv_capacity(None) is None
+    assert no_sched.spec.scheduler is None
+    assert await ledger_of(None) is None  # no scheduler: no KV budget

@@ -9,6 +9,7 @@ import pytest
 
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.scheduler import KVLedger
 
 
 def brute_force(gate: SiblingAdmission) -> int:
@@ -21,7 +22,7 @@ async def test_resident_tokens_equal_the_bookings_summed_anew(seed: int) -> None
     rng = random.Random(seed)
     # A small budget in half the seeds: siblings wait, and idle ones are paused.
     capacity = rng.choice([2_000, 6_000, 10_000_000])
-    gate = SiblingAdmission(kv_capacity=capacity, kv_headroom=1.0, sibling_tokens=500)
+    gate = SiblingAdmission(kv_ledger=KVLedger(capacity), kv_headroom=1.0, sibling_tokens=500)
     sibs = [SiblingInfo(group="g", index=i, admission=gate) for i in range(24)]
     waits: dict[int, asyncio.Task[None]] = {}
     in_tool: set[int] = set()
@@ -56,7 +57,7 @@ async def test_resident_tokens_equal_the_bookings_summed_anew(seed: int) -> None
 
 
 async def test_a_context_set_outside_the_gate_counts_at_its_next_event() -> None:
-    gate = SiblingAdmission(kv_capacity=10_000_000, sibling_tokens=500)
+    gate = SiblingAdmission(kv_ledger=KVLedger(10_000_000), sibling_tokens=500)
     s = SiblingInfo(group="g", index=0, admission=gate)
     await gate.acquire(s, returning=False)
     s.context_tokens = 1_200  # not through record_context

@@ -11,6 +11,7 @@ from langgraph_batch._context import SiblingInfo
 from langgraph_batch.backends.base import ChatResponse, Usage
 from langgraph_batch.chat_model._request import record_context as _record_context
 from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._spec import check_gate_options
 from langgraph_batch.scheduler._capacity import KVLedger
 
 
@@ -24,17 +25,19 @@ async def settle() -> None:
 
 
 def test_bad_budget_arguments() -> None:
-    with pytest.raises(ValueError, match="kv_capacity"):
-        SiblingAdmission(kv_capacity=0)
+    with pytest.raises(ValueError, match="capacity"):
+        KVLedger(0)
     with pytest.raises(ValueError, match="kv_headroom"):
-        SiblingAdmission(kv_capacity=100, kv_headroom=0.0)
+        check_gate_options(kv_headroom=0.0)
     with pytest.raises(ValueError, match="sibling_tokens"):
-        SiblingAdmission(sibling_tokens=0)
+        check_gate_options(sibling_tokens=0)
 
 
 async def test_in_tool_siblings_hold_budget_and_block_fresh_ones() -> None:
     # Budget 1000 tokens, estimate 300: three residents fit (900), a fourth does not.
-    gate = SiblingAdmission(max_active=10, kv_capacity=1000, kv_headroom=1.0, sibling_tokens=300)
+    gate = SiblingAdmission(
+        max_active=10, kv_ledger=KVLedger(1000), kv_headroom=1.0, sibling_tokens=300
+    )
     sibs = [sib(i) for i in range(4)]
     for s in sibs[:3]:
         await gate.acquire(s, returning=False)
@@ -60,7 +63,7 @@ async def test_in_tool_siblings_hold_budget_and_block_fresh_ones() -> None:
 
 
 async def test_bookings_are_each_context_plus_one_turns_growth() -> None:
-    gate = SiblingAdmission(kv_capacity=100_000, kv_headroom=1.0, sibling_tokens=1000)
+    gate = SiblingAdmission(kv_ledger=KVLedger(100_000), kv_headroom=1.0, sibling_tokens=1000)
     a, b = sib(0), sib(1)
     await gate.acquire(a, returning=False)
     await gate.acquire(b, returning=False)
@@ -84,7 +87,7 @@ async def test_bookings_are_each_context_plus_one_turns_growth() -> None:
 
 
 async def test_explicit_max_active_is_not_changed_by_estimates() -> None:
-    gate = SiblingAdmission(max_active=3, kv_capacity=1_000_000, sibling_tokens=500_000)
+    gate = SiblingAdmission(max_active=3, kv_ledger=KVLedger(1_000_000), sibling_tokens=500_000)
     s = sib(0)
     await gate.acquire(s, returning=False)
     s.context_tokens = 100
@@ -102,7 +105,9 @@ async def test_explicit_max_active_is_not_changed_by_estimates() -> None:
 
 
 async def test_returning_sibling_respects_max_active_but_not_budget() -> None:
-    gate = SiblingAdmission(max_active=1, kv_capacity=1000, kv_headroom=1.0, sibling_tokens=400)
+    gate = SiblingAdmission(
+        max_active=1, kv_ledger=KVLedger(1000), kv_headroom=1.0, sibling_tokens=400
+    )
     a, b, c = sib(0), sib(1), sib(2)
     await gate.acquire(a, returning=False)
     gate.release(a)  # a enters a tool: 400 tokens stay resident
@@ -126,7 +131,7 @@ async def test_returning_sibling_respects_max_active_but_not_budget() -> None:
 
 
 async def test_no_deadlock_when_one_sibling_alone_exceeds_budget() -> None:
-    gate = SiblingAdmission(kv_capacity=1000, kv_headroom=1.0, sibling_tokens=5000)
+    gate = SiblingAdmission(kv_ledger=KVLedger(1000), kv_headroom=1.0, sibling_tokens=5000)
     first, second = sib(0), sib(1)
     await asyncio.wait_for(gate.acquire(first, returning=False), 10)  # nothing resident: admitted
     assert gate.holds(first)
@@ -173,7 +178,7 @@ def test_the_shared_prefix_seen_on_the_first_call_is_not_counted_per_sibling() -
 async def test_the_first_calls_replace_the_prior_without_the_shared_prefix() -> None:
     # 100 siblings of a 2048-token shared prompt and ~600 own tokens must all fit a
     # 374k budget once their first calls are seen, though 100 x 4096 would not.
-    gate = SiblingAdmission(kv_capacity=440_000, kv_headroom=0.85, sibling_tokens=4096)
+    gate = SiblingAdmission(kv_ledger=KVLedger(440_000), kv_headroom=0.85, sibling_tokens=4096)
     sibs = [sib(i) for i in range(100)]
     for s in sibs[:91]:
         await asyncio.wait_for(gate.acquire(s, returning=False), 10)
@@ -232,7 +237,7 @@ async def test_fan_out_finds_the_scheduler_its_siblings_create(
     from langgraph_batch.nodes import fan_out
 
     # Where fan_out looks for the schedulers of the running loop.
-    spec_module = importlib.import_module("langgraph_batch.nodes._spec")
+    spec_module = importlib.import_module("langgraph_batch.nodes._run")
 
     class Metrics:
         kv_capacity_tokens = 1000
@@ -323,7 +328,7 @@ async def test_runs_on_one_ledger_share_its_token_budget() -> None:
 
 
 async def test_growth_pauses_idle_siblings_latest_first_and_they_resume_before_fresh() -> None:
-    gate = SiblingAdmission(kv_capacity=10_600, kv_headroom=1.0, sibling_tokens=1000)
+    gate = SiblingAdmission(kv_ledger=KVLedger(10_600), kv_headroom=1.0, sibling_tokens=1000)
     sibs = [sib(i) for i in range(4)]
     for s in sibs:
         s.admission = gate
@@ -364,7 +369,7 @@ async def test_growth_pauses_idle_siblings_latest_first_and_they_resume_before_f
 async def test_a_long_wait_is_paused_before_a_later_admitted_sibling() -> None:
     clock = [0.0]
     gate = SiblingAdmission(
-        kv_capacity=30_000, kv_headroom=1.0, sibling_tokens=1000, clock=lambda: clock[0]
+        kv_ledger=KVLedger(30_000), kv_headroom=1.0, sibling_tokens=1000, clock=lambda: clock[0]
     )
     for _ in range(10):  # the tool's latencies so far: about a second each
         gate.forecast.observe_tool("search", 1.0)
@@ -568,7 +573,9 @@ async def test_a_nested_fan_out_on_the_same_ledger_does_not_deadlock() -> None:
 
 
 async def test_a_sibling_lends_its_place_and_booking_and_takes_them_back() -> None:
-    gate = SiblingAdmission(max_active=1, kv_capacity=1000, kv_headroom=1.0, sibling_tokens=600)
+    gate = SiblingAdmission(
+        max_active=1, kv_ledger=KVLedger(1000), kv_headroom=1.0, sibling_tokens=600
+    )
     parent, other = sib(0), sib(1)
     await gate.acquire(parent, returning=False)
     waiting = asyncio.create_task(gate.acquire(other, returning=False))

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from langgraph_batch.emulator.costs import get_profile
-from langgraph_batch.scheduler._decode_cap import DecodeCap, RunDemand
+from langgraph_batch.scheduler._decode_cap import DecodeCap
+from langgraph_batch.scheduler._decode_gate import RunDemand
 
 Curve = Callable[[float], float]
 
@@ -376,7 +377,7 @@ def test_the_power_objective_prefers_latency_as_elasticity_rises() -> None:
 
 
 def test_a_long_horizon_run_is_never_rounded_into_waves() -> None:
-    from langgraph_batch.scheduler._decode_cap import LONG_HORIZON_TURNS, RunDemand
+    from langgraph_batch.scheduler._decode_gate import LONG_HORIZON_TURNS, RunDemand
 
     demand = RunDemand()
     demand.add("run", lambda: 30, turn=0)

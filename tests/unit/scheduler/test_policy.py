@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from langgraph_batch.backends.base import EngineMetrics
+from langgraph_batch.backends.base import ChatRequest, EngineMetrics, conversation_key
 from langgraph_batch.scheduler._item import (
     DONE,
     QUEUED,
@@ -103,8 +103,8 @@ def test_las_prefers_least_attained_service() -> None:
     c.on_complete(long_, Outcome.OK, now=5.0)  # 5 s of service
     short = PolicyItem(sibling_id="g/short")
     c.on_complete(_run_one(c, short, 5.0), Outcome.OK, now=6.0)  # 1 s of service
-    assert c.attained_service("g/long") == 5.0
-    assert c.attained_service("g/short") == 1.0
+    assert c.priority.attained.get("g/long") == 5.0
+    assert c.priority.attained.get("g/short") == 1.0
     # The long sibling asks first, but the short one is served first.
     nxt_long = PolicyItem(sibling_id="g/long")
     nxt_short = PolicyItem(sibling_id="g/short")
@@ -126,8 +126,8 @@ def test_las_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     c = core(inflight_limit=1, priority="las")
     for sid in ("a", "b", "c"):
         c.on_complete(_run_one(c, PolicyItem(sibling_id=sid), 0.0), Outcome.OK, 1.0)
-    assert c.attained_service("a") == 0.0  # forgotten, oldest first
-    assert c.attained_service("c") == 1.0
+    assert c.priority.attained.get("a") == 0.0  # forgotten, oldest first
+    assert c.priority.attained.get("c") == 1.0
 
 
 def _run_one(c: BatchPolicyCore, item: PolicyItem, now: float) -> PolicyItem:
@@ -325,7 +325,7 @@ def test_429_decreases_multiplicatively_once_per_cooldown_to_floor() -> None:
     assert c.limit == 4  # floor
     c.on_complete(its[3], Outcome.ERROR, 4.0)
     c.on_complete(its[4], Outcome.CANCELLED, 4.0)
-    assert c.limit_exact == 4.0
+    assert c.stats().limit_exact == 4.0
 
 
 def test_recovers_towards_max_inflight_without_metrics() -> None:
@@ -343,7 +343,7 @@ def test_recovers_towards_max_inflight_without_metrics() -> None:
         t += 1.0
         c.enqueue(PolicyItem(), t)
     assert c.limit == 4  # back to max_inflight, never beyond
-    assert c.limit_exact == 4.0
+    assert c.stats().limit_exact == 4.0
 
 
 def test_metrics_grow_to_the_cap_while_server_has_no_queue() -> None:
@@ -388,7 +388,7 @@ BUSY = EngineMetrics(num_requests_waiting=5, num_preemptions_total=0)
 def test_slow_start_doubles_per_sample_while_limit_bound_up_to_the_cap() -> None:
     c = core(inflight_limit=100, initial_inflight=8, inflight_cap=100, has_metrics=True)
     assert c.limit == 8
-    assert c.in_slow_start
+    assert c.stats().slow_start
     saturate(c, 0.0, extra=200)
     t = 0.0
     seen = []
@@ -399,7 +399,7 @@ def test_slow_start_doubles_per_sample_while_limit_bound_up_to_the_cap() -> None
         seen.append(c.limit)
     assert seen == [16, 32, 64, 100, 100, 100]  # x2 per sample, then the hard cap
     assert c.in_flight == 100
-    assert c.increases == 4
+    assert c.stats().increases == 4
 
 
 def test_no_growth_while_the_engine_queues() -> None:
@@ -408,7 +408,7 @@ def test_no_growth_while_the_engine_queues() -> None:
     c.on_metrics(BUSY, 0.5)
     c.on_metrics(EngineMetrics(), 1.0)  # waiting not reported
     assert c.limit == 8
-    assert c.in_slow_start  # a busy engine queue alone is no overload signal
+    assert c.stats().slow_start  # a busy engine queue alone is no overload signal
 
 
 def test_growth_counts_saturation_since_the_previous_sample() -> None:
@@ -466,7 +466,7 @@ def test_decrease_ends_slow_start_then_additive_increase() -> None:
     assert c.limit == 32
     c.on_complete(its[0], Outcome.OVERLOADED, 0.6)  # HTTP 503
     assert c.limit == 16
-    assert not c.in_slow_start
+    assert not c.stats().slow_start
     t = 0.6
     seen = []
     for _ in range(3):
@@ -475,7 +475,7 @@ def test_decrease_ends_slow_start_then_additive_increase() -> None:
         c.on_metrics(IDLE, t)
         seen.append(c.limit)
     assert seen == [20, 24, 28]  # AIMD: + increase_step per sample
-    assert c.decreases == 1
+    assert c.stats().decreases == 1
 
 
 def test_rising_preemptions_end_slow_start() -> None:
@@ -494,7 +494,7 @@ def test_rising_preemptions_end_slow_start() -> None:
     c.plan(0.5)
     c.on_metrics(EngineMetrics(num_requests_waiting=0, num_preemptions_total=2), 1.0)
     assert c.limit == 32
-    assert not c.in_slow_start
+    assert not c.stats().slow_start
 
 
 def test_engine_kv_capacity_sizes_the_starting_limit() -> None:
@@ -577,9 +577,12 @@ def test_item_repr_and_states() -> None:
     assert it.state == QUEUED
 
 
-def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
-    from langgraph_batch.scheduler._priority import conversation_of
+def conversation_of(messages: list[dict[str, str]]) -> str:
+    """The scheduler's name for the conversation that `messages` open."""
+    return conversation_key(ChatRequest(model="m", messages=messages))
 
+
+def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
     core = BatchPolicyCore(BatchPolicy(inflight_limit=1, decode_cap=False))
     convs = [
         conversation_of([{"role": "system", "content": "s"}, {"role": "user", "content": u}])
@@ -607,8 +610,6 @@ def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
 
 
 def test_a_burst_of_known_conversations_is_gathered_then_sent_most_recent_first() -> None:
-    from langgraph_batch.scheduler._priority import conversation_of
-
     core = BatchPolicyCore(BatchPolicy(inflight_limit=2, decode_cap=False, gather_window_s=0.01))
     convs = [
         conversation_of([{"role": "system", "content": "rules"}, {"role": "user", "content": u}])
@@ -641,8 +642,6 @@ def test_a_burst_of_known_conversations_is_gathered_then_sent_most_recent_first(
 
 
 def test_no_gather_window_with_other_priorities_or_when_off() -> None:
-    from langgraph_batch.scheduler._priority import conversation_of
-
     conv = conversation_of([{"role": "user", "content": "x"}])
     for policy in (
         BatchPolicy(decode_cap=False, priority="fifo"),
@@ -655,3 +654,15 @@ def test_no_gather_window_with_other_priorities_or_when_off() -> None:
         assert core.try_acquire(PolicyItem(conversation=conv), 1.0)  # known, yet at once
     with pytest.raises(ValueError, match="gather_window_s"):
         BatchPolicy(gather_window_s=-1.0)
+
+
+def test_a_conversation_has_one_stable_name_for_priority_and_routing() -> None:
+    # Not Python's salted `hash`: every process (a distributed fan_out's workers
+    # too) names a conversation alike, and a pool routes it by the same key.
+    from langgraph_batch.backends.pool import affinity_key
+
+    request = ChatRequest(
+        model="m", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    )
+    assert conversation_key(request) == "prefix:5bb5788f7fa45759e9cd6c8a"
+    assert affinity_key(request) == conversation_key(request)

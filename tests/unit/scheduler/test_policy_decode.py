@@ -94,7 +94,7 @@ def test_the_in_flight_limit_still_binds_under_the_cap() -> None:
         2.5,
     )
     assert c.limit == 16
-    assert c.decreases == 2
+    assert c.stats().decreases == 2
     assert len(c.plan(2.5).dispatch) == 16  # min(in-flight limit 16, decode cap 16)
 
 

@@ -9,7 +9,7 @@ from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._item import PolicyItem, RequestStatus
 from langgraph_batch.scheduler._limit import InflightLimit
 from langgraph_batch.scheduler._policy import BatchPolicyCore
-from langgraph_batch.scheduler._priority import PRIORITY_KEYS, AttainedService, engine_priority
+from langgraph_batch.scheduler._priority import PRIORITY_MODES, Priority
 from langgraph_batch.scheduler._warming import WarmingGate
 
 
@@ -20,20 +20,33 @@ def test_request_status_is_an_int_enum_the_hot_path_compares() -> None:
     assert "NEW" in repr(item)
 
 
-@pytest.mark.parametrize("mode", ["depth_first", "las", "fifo"])
+@pytest.mark.parametrize("mode", PRIORITY_MODES)
 def test_the_engine_priority_orders_as_the_queue_key(mode: str) -> None:
-    attained = AttainedService()
-    attained.record("slow", 2.5)
-    attained.record("fast", 0.25)
+    priority = Priority(mode)  # type: ignore[arg-type]
+    priority.attained.record("slow", 2.5)
+    priority.attained.record("fast", 0.25)
     items = [
         PolicyItem(turn=3, sibling_id="slow"),
         PolicyItem(turn=1, sibling_id="fast"),
         PolicyItem(turn=2, sibling_id=None),
     ]
-    key = PRIORITY_KEYS[mode]
-    by_key = sorted(range(3), key=lambda i: (key(items[i], attained), i))
-    by_engine = sorted(range(3), key=lambda i: (engine_priority(mode, items[i], attained), i))  # type: ignore[arg-type]
+    by_key = sorted(range(3), key=lambda i: (priority.key(items[i]), i))
+    by_engine = sorted(range(3), key=lambda i: (priority.for_engine(items[i]), i))
     assert by_key == by_engine
+
+
+def test_a_priority_mode_is_parsed_once() -> None:
+    with pytest.raises(ValueError, match="priority='lifo'"):
+        Priority("lifo")  # type: ignore[arg-type]
+    las = Priority("las")
+    las.served("g/0", 2.5)
+    item = PolicyItem(turn=1, sibling_id="g/0")
+    assert (las.key(item), las.for_engine(item), las.recency) == (2.5, 2500, None)
+    depth = Priority("depth_first")
+    depth.served("g/0", 2.5)  # not recorded outside las
+    depth.completed("conv")
+    assert depth.attained.get("g/0") == 0.0
+    assert depth.key(PolicyItem(turn=1, conversation="conv")) < depth.key(PolicyItem(turn=1))
 
 
 def test_withdraw_counts_the_wait() -> None:

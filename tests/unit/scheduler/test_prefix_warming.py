@@ -54,13 +54,13 @@ def test_same_prefix_held_until_leader_first_token() -> None:
     assert lead.leading
     assert lead.state == RUNNING
     assert [it.state for it in rest] == [HELD] * 3
-    assert (c.queued, c.held, c.ready, c.in_flight) == (3, 3, 0, 1)
+    assert (c.queued, c.stats().held, c.ready, c.in_flight) == (3, 3, 0, 1)
     assert dispatched(c, 0.5) == []  # nothing moves on the clock alone
     assert c.on_first_token(lead, 1.0) is True
     assert not lead.leading
     assert dispatched(c, 1.0) == rest
     assert c.is_warm("P", 1.0)
-    assert (c.warmups, c.held_total, c.held_s) == (1, 3, pytest.approx(3.0))
+    assert (c.stats().warmups, c.stats().held_total, c.stats().held_s) == (1, 3, pytest.approx(3.0))
     # A second first-token report changes nothing.
     assert c.on_first_token(lead, 1.1) is False
 
@@ -89,7 +89,7 @@ def test_different_prefixes_are_independent() -> None:
     assert a2.state == HELD
     c.on_first_token(a1, 2.0)
     assert dispatched(c, 2.0) == [a2]
-    assert c.warmups == 2
+    assert c.stats().warmups == 2
 
 
 def test_leader_failure_hands_the_lead_to_the_best_held_item() -> None:
@@ -102,14 +102,14 @@ def test_leader_failure_hands_the_lead_to_the_best_held_item() -> None:
     # depth_first: turn 9 is the best held item; it warms alone.
     assert dispatched(c, 1.0) == [high]
     assert high.leading
-    assert c.held == 2
+    assert c.stats().held == 2
     # The failed leader retries: it is held behind the new leader.
     c.enqueue(lead, 1.0)
     assert lead.state == HELD
     assert not lead.leading
     c.on_first_token(high, 2.0)
     assert dispatched(c, 2.0) == [lead, mid, low]  # priority order among the released
-    assert c.warmups == 2
+    assert c.stats().warmups == 2
 
 
 def test_leader_failure_with_no_followers_leaves_the_prefix_cold() -> None:
@@ -145,15 +145,15 @@ def test_withdrawn_queued_leader_releases_the_next() -> None:
         c.enqueue(it, 0.0)
     assert dispatched(c, 0.0) == [blocker]  # the leader waits for a slot
     assert lead.state == QUEUED
-    assert c.held == 2
+    assert c.stats().held == 2
     assert c.withdraw(lead, 1.0)
     assert lead.state == WITHDRAWN
     assert f1.leading
     assert f1.state == QUEUED
-    assert c.held == 1
+    assert c.stats().held == 1
     c.on_complete(blocker, Outcome.OK, 2.0)
     assert dispatched(c, 2.0) == [f1]
-    assert c.warmups == 1  # the withdrawn leader never ran
+    assert c.stats().warmups == 1  # the withdrawn leader never ran
 
 
 def test_withdrawn_held_item_is_forgotten() -> None:
@@ -164,7 +164,7 @@ def test_withdrawn_held_item_is_forgotten() -> None:
     dispatched(c, 0.0)
     assert c.withdraw(f1, 0.5)
     assert not c.withdraw(f1, 0.5)
-    assert (c.held, c.queued) == (1, 1)
+    assert (c.stats().held, c.queued) == (1, 1)
     c.on_first_token(lead, 1.0)
     assert dispatched(c, 1.0) == [f2]
 
@@ -190,7 +190,7 @@ def test_warm_prefix_goes_straight_through_until_ttl() -> None:
     assert not c.try_acquire(y, 152.0)
     c.enqueue(y, 152.0)
     assert y.state == HELD
-    assert c.warmups == 2
+    assert c.stats().warmups == 2
 
 
 def test_off_never_holds() -> None:
@@ -200,7 +200,7 @@ def test_off_never_holds() -> None:
         c.enqueue(it, 0.0)
     assert dispatched(c, 0.0) == group
     assert not any(it.leading for it in group)
-    assert (c.warmups, c.held_total) == (0, 0)
+    assert (c.stats().warmups, c.stats().held_total) == (0, 0)
 
 
 def test_batchable_followers_rejoin_the_batch_queue_and_leader_skips_it() -> None:
@@ -225,7 +225,7 @@ def test_drain_returns_held_items() -> None:
     c.enqueue(lead, 0.0)
     c.enqueue(f1, 0.0)
     assert c.drain() == [lead, f1]  # the queued leader and its held follower
-    assert (c.queued, c.held) == (0, 0)
+    assert (c.queued, c.stats().held) == (0, 0)
     (again,) = its("P", 0)
     c.enqueue(again, 1.0)
     assert again.leading  # no stale leader survives the drain

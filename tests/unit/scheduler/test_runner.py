@@ -152,7 +152,7 @@ async def test_cancel_after_grant_before_start_gives_the_slot_back() -> None:
 
         def plan_then_cancel(now: float):  # type: ignore[no-untyped-def]
             p = orig(now)
-            if any(it.payload.request_id == "second" for it in p.dispatch):
+            if any(it.payload.request.request_id == "second" for it in p.dispatch):
                 second.cancel()
             return p
 
