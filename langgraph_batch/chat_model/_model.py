@@ -477,14 +477,12 @@ class BatchedChatModel(BaseChatModel):
     async def _submit(
         self,
         request: ChatRequest,
-        turn: int,
         sibling: SiblingInfo | None,
         on_chunk: Callable[[ChatChunk], None] | None = None,
     ) -> ChatResponse:
         scheduler = self.get_scheduler()
         return await scheduler.submit(
             request,
-            turn=turn,
             sibling=sibling,
             max_retries=self.max_retries,
             timeout=self.total_timeout,

@@ -80,13 +80,13 @@ class CallSettings(Protocol):
     def stream_chunk_timeout(self) -> float | None: ...
 
 
-Built = tuple[ChatRequest, int, SiblingInfo | None]
-"""A built call: its request, the caller's turn and the calling sibling (if any)."""
+Built = tuple[ChatRequest, SiblingInfo | None]
+"""A built call: its request (which carries the caller's turn) and the calling sibling."""
 Submit = Callable[
-    [ChatRequest, int, SiblingInfo | None, Callable[[ChatChunk], None] | None],
+    [ChatRequest, SiblingInfo | None, Callable[[ChatChunk], None] | None],
     Coroutine[Any, Any, ChatResponse],
 ]
-"""How a call reaches the scheduler: `(request, turn, sibling, on_chunk) -> response`."""
+"""How a call reaches the scheduler: `(request, sibling, on_chunk) -> response`."""
 _END = object()
 
 
@@ -130,8 +130,8 @@ def build_request(
     kwargs: Mapping[str, Any],
     *,
     stream: bool,
-) -> tuple[ChatRequest, int, SiblingInfo | None]:
-    """The request of one call, the caller's turn, and the calling sibling (if any)."""
+) -> Built:
+    """The request of one call (`turn`: the caller's completed calls) and the calling sibling."""
     sibling = current_sibling()
     if sibling is not None:
         turn = sibling.turn
@@ -161,7 +161,7 @@ def build_request(
         program=(sibling.run_id or sibling.group) if sibling is not None else None,
         final=sibling is not None and sibling.tool_name is not None and _binds_no_tool(params),
     )
-    return request, turn, sibling
+    return request, sibling
 
 
 def _binds_no_tool(params: Mapping[str, Any]) -> bool:
@@ -202,8 +202,8 @@ def record_context(sibling: SiblingInfo, response: ChatResponse) -> None:
 
 async def run_call(submit: Submit, built: Built) -> ChatResult:
     """Run a built call through `submit`; note the sibling's turn and context."""
-    request, turn, sibling = built
-    response = await submit(request, turn, sibling, None)
+    request, sibling = built
+    response = await submit(request, sibling, None)
     if sibling is not None:
         sibling.turn += 1
         record_context(sibling, response)
@@ -219,9 +219,9 @@ async def stream_call(
     or is cancelled withdraws the request (cancelling the submit aborts the HTTP
     call), waiting for it at most 5 s.
     """
-    request, turn, sibling = build()
+    request, sibling = build()
     chunks: asyncio.Queue[Any] = asyncio.Queue()
-    task = asyncio.create_task(submit(request, turn, sibling, chunks.put_nowait))
+    task = asyncio.create_task(submit(request, sibling, chunks.put_nowait))
     # Runs after the last on_chunk call: the backend calls on_chunk from
     # inside the submit task, so the queue sees every chunk before _END.
     task.add_done_callback(lambda _: chunks.put_nowait(_END))

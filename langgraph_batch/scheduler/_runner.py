@@ -386,7 +386,8 @@ class Scheduler:
 
         Args:
             request: the chat completion to run.
-            turn: LLM calls the caller has completed (default: `sibling.turn`, else 0).
+            turn: LLM calls the caller has completed (default: `request.turn`, else
+                `sibling.turn`, else 0).
             sibling: the calling sibling (`current_sibling()`), for priority, stats and logs.
             max_retries: retries of this call's retryable errors. The one
                 precedence rule: this when given (`BatchedChatModel` passes its
@@ -437,9 +438,11 @@ class Scheduler:
         if sibling is not None and request.route_key is None:
             request = replace(request, route_key=sibling_route_key(sibling.sibling_id))
         conversation = conversation_key(request) if self._orders_by_recency else None
+        if turn is None:  # the request's own turn, else the sibling's
+            turn = request.turn if request.turn is not None else (sibling.turn if sibling else 0)
         if sibling is not None:
             item = PolicyItem(
-                turn=sibling.turn if turn is None else turn,
+                turn=turn,
                 sibling_id=sibling.sibling_id,
                 group=sibling.group,
                 batchable=request.batchable,
@@ -449,7 +452,7 @@ class Scheduler:
             )
         else:
             item = PolicyItem(
-                turn=turn or 0,
+                turn=turn,
                 batchable=request.batchable,
                 prefix=prefix,
                 conversation=conversation,

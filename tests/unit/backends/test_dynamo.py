@@ -211,9 +211,9 @@ def test_build_request_names_the_run_and_a_known_last_call(
     model = BatchedChatModel(model="m", base_url="dynamo://127.0.0.1:1")
     sibling = SiblingInfo(group="g", index=2, turn=1, run_id="run-9", tool_name=tool_name)
     with sibling_scope(sibling):
-        request, _, _ = build_request(model, [], None, kwargs, stream=False)
+        request, _ = build_request(model, [], None, kwargs, stream=False)
     assert request.program == "run-9"
     assert request.final is final
-    outside, _, _ = build_request(model, [], None, {}, stream=False)
+    outside, _ = build_request(model, [], None, {}, stream=False)
     assert outside.program is None
     assert outside.final is False

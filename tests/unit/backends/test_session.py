@@ -88,8 +88,8 @@ def test_build_request_records_the_turn() -> None:
     model = BatchedChatModel(model="m", base_url="vllm://127.0.0.1:1")
     sibling = SiblingInfo(group="g", index=2, turn=4)
     with sibling_scope(sibling):
-        request, turn, _ = build_request(model, [], None, {}, stream=False)
-    assert request.turn == turn == 4
+        request, _ = build_request(model, [], None, {}, stream=False)
+    assert request.turn == 4
     assert request.route_key == "sibling:g/2"
 
 

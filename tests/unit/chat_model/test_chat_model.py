@@ -272,7 +272,7 @@ async def test_turn_from_history_and_sibling(monkeypatch: pytest.MonkeyPatch) ->
     original = type(scheduler).submit
 
     async def spy(self: Any, request: ChatRequest, **kw: Any) -> Any:
-        turns.append((kw["turn"], kw["sibling"]))
+        turns.append((request.turn, kw["sibling"]))
         return await original(self, request, **kw)
 
     monkeypatch.setattr(type(scheduler), "submit", spy)
