@@ -357,22 +357,37 @@ class AnthropicFlavor:
         if emulated_s > 0:
             await asyncio.sleep(emulated_s / self.serving.config.time_scale)
 
+    def prepare(
+        self, request: HTTPRequest, body: Mapping[str, Any], messages_body: Mapping[str, Any]
+    ) -> tuple[_Parsed, Plan, CachePlan]:
+        """Parse a Messages body and plan its answer and its cache reads and writes.
+
+        `body` is the request as sent (its `emulator` options and fault apply);
+        `messages_body` is it as a Messages body (the same, or Bedrock's
+        translated). The answer is the scenario's, fitted to `max_tokens`.
+
+        Raises:
+            RequestError: a malformed body, or an injected fault.
+            CacheRuleError: a request the cache rules refuse (a 400).
+        """
+        parsed = parse(messages_body)
+        opts = self.serving.options(request, body)
+        self.serving.raise_fault(opts)
+        plan = plan_chat(
+            parsed.openai_messages,
+            tools=parsed.tools,
+            tool_choice=parsed.tool_choice,
+            response_format=None,
+            options=opts.scenario,
+        )
+        plan = self.serving.fit_length(plan, {}, parsed.max_tokens, seed=len(parsed.blocks))
+        return parsed, plan, self.cache.plan(parsed.blocks, now=self.now(), model=parsed.model)
+
     async def messages(self, request: HTTPRequest) -> Response:
         """`POST /v1/messages` (JSON, or SSE with `stream: true`)."""
         try:
             body = await self.serving.body(request)
-            parsed = parse(body)
-            opts = self.serving.options(request, body)
-            self.serving.raise_fault(opts)
-            plan = plan_chat(
-                parsed.openai_messages,
-                tools=parsed.tools,
-                tool_choice=parsed.tool_choice,
-                response_format=None,
-                options=opts.scenario,
-            )
-            plan = self.serving.fit_length(plan, {}, parsed.max_tokens, seed=len(parsed.blocks))
-            cached = self.cache.plan(parsed.blocks, now=self.now(), model=parsed.model)
+            parsed, plan, cached = self.prepare(request, body, body)
             headers = {"request-id": "req_" + uuid.uuid4().hex[:24]}
             # Cache reads do not count towards the input-tokens-per-minute limit
             # (docs.claude.com/en/api/rate-limits: "cache-aware ITPM").

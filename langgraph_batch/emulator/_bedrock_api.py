@@ -43,10 +43,10 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from langgraph_batch.emulator._anthropic_api import AnthropicFlavor, content_blocks, parse
+from langgraph_batch.emulator._anthropic_api import AnthropicFlavor, content_blocks
 from langgraph_batch.emulator._anthropic_cache import CachePlan, CacheRuleError
 from langgraph_batch.emulator._http import RequestError
-from langgraph_batch.emulator.scenarios import Plan, plan_chat
+from langgraph_batch.emulator.scenarios import Plan
 
 __all__ = ("encode_event", "routes", "to_messages_body")
 
@@ -254,18 +254,7 @@ class _Converse:
         try:
             body = await serving.body(request)
             messages_body = to_messages_body(request.path_params["model_id"], body)
-            parsed = parse(messages_body)
-            opts = serving.options(request, body)
-            serving.raise_fault(opts)
-            plan = plan_chat(
-                parsed.openai_messages,
-                tools=parsed.tools,
-                tool_choice=parsed.tool_choice,
-                response_format=None,
-                options=opts.scenario,
-            )
-            plan = serving.fit_length(plan, {}, parsed.max_tokens, seed=len(parsed.blocks))
-            cached = flavor.cache.plan(parsed.blocks, now=flavor.now(), model=parsed.model)
+            parsed, plan, cached = flavor.prepare(request, body, messages_body)
             admission = serving.admit(
                 {"max_tokens": parsed.max_tokens},
                 cached.input_tokens + cached.cache_creation_input_tokens,
