@@ -14,7 +14,7 @@ llm = BatchedChatModel(model="my-model", base_url="vllm://127.0.0.1:8000")
 How the package is laid out:
 
     chat_model/   BatchedChatModel: a LangChain call becomes a ChatRequest
-    scheduler/    what goes to the server and when: BatchPolicyCore.plan(now),
+    scheduler/    what goes to the server and when: Planner.plan(now),
                   pure and synchronous, driven by the async Scheduler
     backends/     how a request reaches a server (the one HTTP seam)
     nodes/        fan_out: sibling subgraphs, isolated, admitted by KV

@@ -65,7 +65,9 @@ class SiblingExecutor(Protocol):
         ...
 
 
-class _Run(Protocol):
+class _RunProgress(Protocol):
+    """What a remote executor reports into: the fan_out run's counts and events."""
+
     node: str
     group: str
 
@@ -84,7 +86,7 @@ async def run_remote(
     executor: SiblingExecutor,
     subgraph: Any,
     items: Sequence[Any],
-    run: _Run,
+    run: _RunProgress,
     config: RunnableConfig,
     *,
     make_input: Callable[[Any, int], Any],

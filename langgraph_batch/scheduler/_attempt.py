@@ -28,7 +28,7 @@ from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError
 from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import HELD, QUEUED, RUNNING, Outcome, PolicyItem, Submission
 from langgraph_batch.scheduler._pacing import RateGate
-from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
+from langgraph_batch.scheduler._policy import BatchPolicy, Planner
 from langgraph_batch.scheduler._retry import log_failure, log_retry, outcome_of
 from langgraph_batch.scheduler._state import Lifecycle
 from langgraph_batch.scheduler._stats import StatsRecorder
@@ -54,7 +54,7 @@ class RequestAttempts:
         *,
         backend: Backend,
         policy: BatchPolicy,
-        core: BatchPolicyCore,
+        core: Planner,
         stats: StatsRecorder,
         life: Lifecycle,
         dispatch: DispatchLoop,

@@ -1,6 +1,6 @@
 """`BatchPolicy`: the scheduler's user-facing configuration, a frozen value object.
 
-The decision logic that applies it lives in `_policy.py` (`BatchPolicyCore`).
+The decision logic that applies it lives in `_policy.py` (`Planner`).
 """
 
 from __future__ import annotations

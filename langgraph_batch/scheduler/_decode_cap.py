@@ -54,7 +54,7 @@ of the throughput), and fewer than two caps' worth run at once (the gate's
 `RunDemand`, in `_decode_gate.py`, says how many siblings the runs have left).
 
 The objects are pure: fed numbers with an explicit `now`, no clock.
-`BatchPolicyCore` owns them when the backend reports engine metrics and
+`Planner` owns them when the backend reports engine metrics and
 applies the cap to agent requests (see `BatchPolicy.decode_cap`).
 
 Example:

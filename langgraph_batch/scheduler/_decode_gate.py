@@ -183,7 +183,7 @@ LONG_HORIZON_TURNS = 4
 siblings do not finish in a wave (each has turns left), so the cap is not rounded for it."""
 
 
-class _Run:
+class _RunRequests:
     """A fan_out run with agent requests queued or running."""
 
     __slots__ = ("deepest", "left", "live")
@@ -215,7 +215,7 @@ class RunDemand:
     __slots__ = ("_runs", "_solo")
 
     def __init__(self) -> None:
-        self._runs: dict[Hashable, _Run] = {}
+        self._runs: dict[Hashable, _RunRequests] = {}
         self._solo = 0
 
     def add(self, run: Hashable | None, left: Callable[[], int] | None, turn: int = 0) -> None:
@@ -228,7 +228,7 @@ class RunDemand:
             return
         r = self._runs.get(run)
         if r is None:
-            r = self._runs[run] = _Run(left)
+            r = self._runs[run] = _RunRequests(left)
         r.live += 1
         if turn > r.deepest:
             r.deepest = turn

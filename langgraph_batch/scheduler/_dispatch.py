@@ -1,7 +1,7 @@
 """The `Scheduler`'s dispatch loop: it feeds the policy's plan and performs it.
 
 One task per scheduler, created lazily in the running loop, that wakes only
-when something may be dispatched (`kick`): it asks `BatchPolicyCore.plan`
+when something may be dispatched (`kick`): it asks `Planner.plan`
 for a plan, resolves the winners' futures (their callers then make the
 call), starts one task per batch (`complete_batch_settled`, which resolves
 every member's future with its own response or error), arms a timer for open
@@ -28,7 +28,7 @@ import time
 from langgraph_batch.backends.base import Backend
 from langgraph_batch.errors import BackendError
 from langgraph_batch.scheduler._item import RUNNING, Outcome, PolicyItem
-from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
+from langgraph_batch.scheduler._policy import BatchPolicy, Planner
 from langgraph_batch.scheduler._retry import outcome_of
 from langgraph_batch.scheduler._state import Lifecycle, SchedulerState
 from langgraph_batch.scheduler._stats import StatsRecorder
@@ -54,7 +54,7 @@ class DispatchLoop:
         *,
         backend: Backend,
         policy: BatchPolicy,
-        core: BatchPolicyCore,
+        core: Planner,
         stats: StatsRecorder,
         life: Lifecycle,
     ) -> None:

@@ -172,7 +172,7 @@ class PolicyItem:
 
 @dataclass(slots=True)
 class Plan:
-    """What to do now: the answer of `BatchPolicyCore.plan(now)`.
+    """What to do now: the answer of `Planner.plan(now)`.
 
     Example:
         ```python
@@ -193,7 +193,7 @@ class Plan:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyStats:
-    """The policy core's counters at one moment: `BatchPolicyCore.stats()`.
+    """The policy core's counters at one moment: `Planner.stats()`.
 
     One snapshot instead of a property per counter, as vLLM's
     `Scheduler.make_stats()` returns one `SchedulerStats`.

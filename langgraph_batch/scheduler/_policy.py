@@ -1,7 +1,7 @@
 """The scheduler's decision logic: a pure, synchronous object with an explicit clock.
 
 `BatchPolicy` is the user-facing configuration (a frozen value object).
-`BatchPolicyCore` holds the queue and the slot accounting and decides, each
+`Planner` holds the queue and the slot accounting and decides, each
 time it is asked (`plan(now)`), which queued requests go on the wire now,
 which of them go together as one batch, and when it wants to be asked again
 (the end of an open batch window). It never awaits, never reads a clock and
@@ -53,9 +53,9 @@ from langgraph_batch.scheduler._warming import WarmingGate
 
 __all__ = (
     "BatchPolicy",
-    "BatchPolicyCore",
     "Outcome",
     "Plan",
+    "Planner",
     "PolicyItem",
     "PolicyStats",
     "PriorityMode",
@@ -63,7 +63,7 @@ __all__ = (
 )
 
 
-class BatchPolicyCore:
+class Planner:
     """The pure scheduling state machine behind `Scheduler`.
 
     Args:
@@ -78,7 +78,7 @@ class BatchPolicyCore:
 
     Example:
         ```python
-        core = BatchPolicyCore(BatchPolicy(inflight_limit=2))
+        core = Planner(BatchPolicy(inflight_limit=2))
         a, b, c = PolicyItem(turn=0), PolicyItem(turn=2), PolicyItem(turn=1)
         for it in (a, b, c):
             core.enqueue(it, now=0.0)

@@ -1,4 +1,4 @@
-"""`Scheduler`: the async driver around the pure `BatchPolicyCore`.
+"""`Scheduler`: the async driver around the pure `Planner`.
 
 This module holds the public face and the lifecycle; its collaborators,
 each given what it needs: `_attempt.RequestAttempts` runs one request in its
@@ -70,7 +70,7 @@ from langgraph_batch.scheduler._capacity import (
 from langgraph_batch.scheduler._dispatch import DispatchLoop
 from langgraph_batch.scheduler._item import PolicyItem, Submission
 from langgraph_batch.scheduler._pacing import RateGate
-from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
+from langgraph_batch.scheduler._policy import BatchPolicy, Planner
 from langgraph_batch.scheduler._prefix import prefix_key
 from langgraph_batch.scheduler._state import Lifecycle, SchedulerState
 from langgraph_batch.scheduler._stats import SchedulerStats, StatsRecorder
@@ -134,7 +134,7 @@ class Scheduler:
         self._warming = self._policy.warms_prefixes(
             caps.flavor, hosted_prompt_cache=caps.hosted_prompt_cache
         )
-        self._core = BatchPolicyCore(
+        self._core = Planner(
             self._policy,
             batching=caps.batch_completions,
             has_metrics=caps.metrics,

@@ -14,13 +14,13 @@ from langgraph_batch.scheduler._item import (
     Plan,
     PolicyItem,
 )
-from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
+from langgraph_batch.scheduler._policy import BatchPolicy, Planner
 
 
-def core(**kw: object) -> BatchPolicyCore:
+def core(**kw: object) -> Planner:
     batching = bool(kw.pop("batching", False))
     has_metrics = bool(kw.pop("has_metrics", False))
-    return BatchPolicyCore(BatchPolicy(**kw), batching=batching, has_metrics=has_metrics)  # type: ignore[arg-type]
+    return Planner(BatchPolicy(**kw), batching=batching, has_metrics=has_metrics)  # type: ignore[arg-type]
 
 
 def items(*turns: int, **kw: object) -> list[PolicyItem]:
@@ -130,7 +130,7 @@ def test_las_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert c.priority.attained.get("c") == 1.0
 
 
-def _run_one(c: BatchPolicyCore, item: PolicyItem, now: float) -> PolicyItem:
+def _run_one(c: Planner, item: PolicyItem, now: float) -> PolicyItem:
     c.enqueue(item, now)
     assert c.plan(now).dispatch == [item]
     return item
@@ -306,7 +306,7 @@ def test_withdrawn_batch_members_close_the_window() -> None:
 # -------------------------------------------------------------- adaptation
 
 
-def saturate(c: BatchPolicyCore, now: float, extra: int = 1) -> list[PolicyItem]:
+def saturate(c: Planner, now: float, extra: int = 1) -> list[PolicyItem]:
     its = [PolicyItem() for _ in range(c.limit + extra)]
     for it in its:
         c.enqueue(it, now)
@@ -583,7 +583,7 @@ def conversation_of(messages: list[dict[str, str]]) -> str:
 
 
 def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
-    core = BatchPolicyCore(BatchPolicy(inflight_limit=1, decode_cap=False))
+    core = Planner(BatchPolicy(inflight_limit=1, decode_cap=False))
     convs = [
         conversation_of([{"role": "system", "content": "s"}, {"role": "user", "content": u}])
         for u in ("a", "b", "c")
@@ -610,7 +610,7 @@ def test_depth_first_ties_go_to_the_conversation_served_most_recently() -> None:
 
 
 def test_a_burst_of_known_conversations_is_gathered_then_sent_most_recent_first() -> None:
-    core = BatchPolicyCore(BatchPolicy(inflight_limit=2, decode_cap=False, gather_window_s=0.01))
+    core = Planner(BatchPolicy(inflight_limit=2, decode_cap=False, gather_window_s=0.01))
     convs = [
         conversation_of([{"role": "system", "content": "rules"}, {"role": "user", "content": u}])
         for u in ("agent 0", "agent 1", "agent 2")
@@ -647,7 +647,7 @@ def test_no_gather_window_with_other_priorities_or_when_off() -> None:
         BatchPolicy(decode_cap=False, priority="fifo"),
         BatchPolicy(decode_cap=False, gather_window_s=0.0),
     ):
-        core = BatchPolicyCore(policy)
+        core = Planner(policy)
         a = PolicyItem(conversation=conv)
         assert core.try_acquire(a, 0.0)
         core.on_complete(a, Outcome.OK, 0.1)

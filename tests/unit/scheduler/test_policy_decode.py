@@ -7,12 +7,12 @@ import pytest
 from langgraph_batch.backends.base import EngineMetrics
 from langgraph_batch.scheduler._decode_gate import share
 from langgraph_batch.scheduler._item import Outcome, PolicyItem
-from langgraph_batch.scheduler._policy import BatchPolicy, BatchPolicyCore
+from langgraph_batch.scheduler._policy import BatchPolicy, Planner
 
 
-def core(*, batching: bool = False, warming: bool = False, **kw: object) -> BatchPolicyCore:
+def core(*, batching: bool = False, warming: bool = False, **kw: object) -> Planner:
     policy = BatchPolicy(**{"inflight_limit": 64, "inflight_cap": 256, **kw})  # type: ignore[arg-type]
-    return BatchPolicyCore(policy, batching=batching, has_metrics=True, warming=warming)
+    return Planner(policy, batching=batching, has_metrics=True, warming=warming)
 
 
 def sample(
@@ -32,7 +32,7 @@ def agents(n: int, *, group: str | None = None, left: int | None = None) -> list
     return [PolicyItem(turn=0, group=group, left=counter) for _ in range(n)]  # type: ignore[arg-type,return-value]
 
 
-def enqueue(c: BatchPolicyCore, its: list[PolicyItem], now: float = 0.0) -> list[PolicyItem]:
+def enqueue(c: Planner, its: list[PolicyItem], now: float = 0.0) -> list[PolicyItem]:
     for it in its:
         c.enqueue(it, now)
     return its
@@ -108,7 +108,7 @@ def test_the_in_flight_limit_still_binds_under_the_cap() -> None:
 )
 def test_decode_cap_off(kw: dict[str, object], has_metrics: bool) -> None:
     policy = BatchPolicy(inflight_limit=64, **kw)  # type: ignore[arg-type]
-    c = BatchPolicyCore(policy, has_metrics=has_metrics)
+    c = Planner(policy, has_metrics=has_metrics)
     c.on_metrics(sample(0), 0.0)
     assert c.decode_cap is None
     assert c.decode_limit is None
@@ -278,7 +278,7 @@ def test_decode_elasticity_is_validated() -> None:
     for bad in (0.0, 1.0, -0.5):
         with pytest.raises(ValueError, match="decode_elasticity"):
             BatchPolicy(decode_elasticity=bad)
-    c = BatchPolicyCore(BatchPolicy(decode_elasticity=0.5), has_metrics=True)
+    c = Planner(BatchPolicy(decode_elasticity=0.5), has_metrics=True)
     assert c.decode_cap is not None
 
 

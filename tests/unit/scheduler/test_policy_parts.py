@@ -8,7 +8,7 @@ from langgraph_batch.backends.base import EngineMetrics
 from langgraph_batch.scheduler._config import BatchPolicy
 from langgraph_batch.scheduler._item import PolicyItem, RequestStatus
 from langgraph_batch.scheduler._limit import InflightLimit
-from langgraph_batch.scheduler._policy import BatchPolicyCore
+from langgraph_batch.scheduler._policy import Planner
 from langgraph_batch.scheduler._priority import PRIORITY_MODES, Priority
 from langgraph_batch.scheduler._warming import WarmingGate
 
@@ -50,7 +50,7 @@ def test_a_priority_mode_is_parsed_once() -> None:
 
 
 def test_withdraw_counts_the_wait() -> None:
-    core = BatchPolicyCore(BatchPolicy(inflight_limit=1))
+    core = Planner(BatchPolicy(inflight_limit=1))
     running, waiting = PolicyItem(), PolicyItem()
     assert core.try_acquire(running, 0.0)
     core.enqueue(waiting, 1.0)

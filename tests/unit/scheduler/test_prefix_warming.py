@@ -24,21 +24,21 @@ from langgraph_batch.scheduler._item import (
     Outcome,
     PolicyItem,
 )
-from langgraph_batch.scheduler._policy import BatchPolicyCore
+from langgraph_batch.scheduler._policy import Planner
 from langgraph_batch.scheduler._prefix import prefix_key
 from tests.fakes.backends import response
 
 
-def core(*, warming: bool = True, **kw: object) -> BatchPolicyCore:
+def core(*, warming: bool = True, **kw: object) -> Planner:
     batching = bool(kw.pop("batching", False))
-    return BatchPolicyCore(BatchPolicy(**kw), batching=batching, warming=warming)  # type: ignore[arg-type]
+    return Planner(BatchPolicy(**kw), batching=batching, warming=warming)  # type: ignore[arg-type]
 
 
 def its(prefix: object, *turns: int, **kw: object) -> list[PolicyItem]:
     return [PolicyItem(turn=t, prefix=prefix, **kw) for t in turns]  # type: ignore[arg-type]
 
 
-def dispatched(c: BatchPolicyCore, now: float) -> list[PolicyItem]:
+def dispatched(c: Planner, now: float) -> list[PolicyItem]:
     return c.plan(now).dispatch
 
 
