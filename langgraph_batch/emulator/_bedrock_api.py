@@ -214,6 +214,18 @@ def _converse_content(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
+def _block_deltas(block: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A content block's `contentBlockStart` payload (tool uses only) and its deltas."""
+    if "toolUse" in block:
+        use = block["toolUse"]
+        raw = json.dumps(use["input"])
+        start = {"toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}
+        return start, [{"toolUse": {"input": raw[i : i + 16]}} for i in range(0, len(raw), 16)]
+    text = block["text"]
+    step = max(1, len(text) // 4)
+    return None, [{"text": text[i : i + step]} for i in range(0, len(text), step)]
+
+
 def _header(name: str, value: str) -> bytes:
     raw_name, raw_value = name.encode(), value.encode()
     # Header value type 7 is a string (uint16 length, then its bytes).
@@ -297,21 +309,14 @@ class _Converse:
         await flavor.sleep(flavor.latency.first_token_s(cached))
         flavor.cache.commit(cached, now=flavor.now())
         yield encode_event("messageStart", {"role": "assistant"})
-        content = _converse_content(plan)
-        pace = plan.num_tokens / flavor.latency.output_tps / max(1, 4 * len(content))
-        for index, block in enumerate(content):
-            if "toolUse" in block:
-                use = block["toolUse"]
-                start = {"toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}
+        blocks = [_block_deltas(block) for block in _converse_content(plan)]
+        # The output takes as long as the non-streamed answer's, spread over every delta.
+        pace = plan.num_tokens / flavor.latency.output_tps / max(1, sum(len(d) for _, d in blocks))
+        for index, (start, deltas) in enumerate(blocks):
+            if start is not None:
                 yield encode_event(
                     "contentBlockStart", {"contentBlockIndex": index, "start": start}
                 )
-                raw = json.dumps(use["input"])
-                deltas = [{"toolUse": {"input": raw[i : i + 16]}} for i in range(0, len(raw), 16)]
-            else:
-                text = block["text"]
-                step = max(1, len(text) // 4)
-                deltas = [{"text": text[i : i + step]} for i in range(0, len(text), step)]
             for delta in deltas:
                 await flavor.sleep(pace)
                 yield encode_event(
