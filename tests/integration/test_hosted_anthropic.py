@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from langgraph_batch import BatchedChatModel
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
+from tests.integration._hosted import assert_siblings_warm_then_read
 
 anthropic = pytest.importorskip("anthropic")
 langchain_anthropic = pytest.importorskip("langchain_anthropic")
@@ -135,46 +135,8 @@ async def test_sdk_gets_the_rules_400s(client: Any) -> None:
 async def test_chat_anthropic_through_langchain_backend_warms_then_reads(
     hosted_url: str, client: Any
 ) -> None:
-    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
-    from langchain_core.tools import tool
-
-    @tool
-    def lookup(q: str) -> str:
-        """Look a key up."""
-        return f"{q}=42"
-
     claude = langchain_anthropic.ChatAnthropic(
         model=MODEL, base_url=hosted_url, api_key="emulated", max_retries=0
     )
-    llm = BatchedChatModel(
-        model=MODEL, backend=LangChainBackend(claude, key="hosted-it"), max_inflight=16
-    ).bind_tools([lookup])
-
-    async def agent(i: int) -> list[dict[str, Any]]:
-        messages: list[Any] = [SystemMessage(SYSTEM), HumanMessage(f"find key=k{i}")]
-        usages = []
-        for _ in range(3):
-            reply = await llm.ainvoke(messages)
-            usages.append(dict(reply.usage_metadata["input_token_details"]))
-            messages.append(reply)
-            if not reply.tool_calls:
-                break
-            call = reply.tool_calls[0]
-            messages.append(ToolMessage(lookup.invoke(call["args"]), tool_call_id=call["id"]))
-        return usages
-
-    runs = await asyncio.gather(*(agent(i) for i in range(6)))
-    calls = [u for run in runs for u in run]
-    assert len(calls) == 12  # a tool call, then the answer
-    # Warming: one sibling wrote the shared prefix, every other call read it.
-    writers = [u for u in calls if u["cache_creation"] > 1024]
-    assert len(writers) == 1
-    assert all(u["cache_read"] > 1024 for u in calls if u is not writers[0])
-    async with httpx.AsyncClient(base_url=hosted_url) as http:
-        totals = (await http.get("/emulator/hosted")).json()
-    prompt = (
-        totals["input_tokens"]
-        + totals["cache_read_input_tokens"]
-        + totals["cache_creation_input_tokens"]
-    )
-    assert totals["cache_read_input_tokens"] / prompt > 0.8
+    backend = LangChainBackend(claude, key="hosted-it")
+    await assert_siblings_warm_then_read(backend, model=MODEL, system=SYSTEM, hosted_url=hosted_url)

@@ -11,16 +11,15 @@ across siblings.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from langgraph_batch import BatchedChatModel
 from langgraph_batch.backends import LangChainBackend
 from langgraph_batch.emulator import EmulatorConfig, EmulatorProcess
+from tests.integration._hosted import assert_siblings_warm_then_read
 
 boto3 = pytest.importorskip("boto3")
 langchain_aws = pytest.importorskip("langchain_aws")
@@ -145,43 +144,6 @@ def bedrock(hosted_url: str, client: Any) -> Any:
 async def test_chat_bedrock_converse_through_langchain_backend_warms_then_reads(
     hosted_url: str, bedrock: Any
 ) -> None:
-    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
-    from langchain_core.tools import tool
-
-    @tool
-    def lookup(q: str) -> str:
-        """Look a key up."""
-        return f"{q}=42"
-
     backend = LangChainBackend(bedrock, key="bedrock-it")
     assert backend.capabilities.hosted_prompt_cache
-    llm = BatchedChatModel(model=MODEL, backend=backend, max_inflight=16).bind_tools([lookup])
-
-    async def agent(i: int) -> list[dict[str, Any]]:
-        messages: list[Any] = [SystemMessage(SYSTEM), HumanMessage(f"find key=k{i}")]
-        usages = []
-        for _ in range(3):
-            reply = await llm.ainvoke(messages)
-            usages.append(dict(reply.usage_metadata["input_token_details"]))
-            messages.append(reply)
-            if not reply.tool_calls:
-                break
-            call = reply.tool_calls[0]
-            messages.append(ToolMessage(lookup.invoke(call["args"]), tool_call_id=call["id"]))
-        return usages
-
-    runs = await asyncio.gather(*(agent(i) for i in range(6)))
-    calls = [u for run in runs for u in run]
-    assert len(calls) == 12  # a tool call, then the answer
-    # Warming: one sibling wrote the shared prefix, every other call read it.
-    writers = [u for u in calls if u.get("cache_creation", 0) > 1024]
-    assert len(writers) == 1
-    assert all(u["cache_read"] > 1024 for u in calls if u is not writers[0])
-    async with httpx.AsyncClient(base_url=hosted_url) as http:
-        totals = (await http.get("/emulator/hosted")).json()
-    prompt = (
-        totals["input_tokens"]
-        + totals["cache_read_input_tokens"]
-        + totals["cache_creation_input_tokens"]
-    )
-    assert totals["cache_read_input_tokens"] / prompt > 0.8
+    await assert_siblings_warm_then_read(backend, model=MODEL, system=SYSTEM, hosted_url=hosted_url)
