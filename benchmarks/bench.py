@@ -1,4 +1,4 @@
-"""`python -m benchmarks.bench <W1|...|W11|all> ...`: the full benchmark (`make bench`).
+"""`python -m benchmarks.bench <W1|...|W11|W8o|all> ...`: the full benchmark (`make bench`).
 
 The wheel's `langgraph-batch bench` with the research harness installed
 (`benchmarks.extension.Research`): every contender of each workload (the

@@ -32,7 +32,13 @@ from benchmarks.routers.process import (
 from langgraph_batch.bench import harness
 from langgraph_batch.bench._paths import package_parent
 from langgraph_batch.bench.extension import BenchExtension, use
-from langgraph_batch.bench.workloads import SINGLE_TURN, WORKLOADS, Workload, bounded_concurrency
+from langgraph_batch.bench.workloads import (
+    SINGLE_TURN,
+    WORKLOADS,
+    Workload,
+    bounded_concurrency,
+    offload_tokens,
+)
 
 __all__ = ("BATCHAGENT_SPEC", "ROUTER_BASES", "Research", "research", "versions")
 
@@ -165,8 +171,9 @@ class Research(BenchExtension):
         if wl.simulation:
             return kv_bound.simulation_bound(wl, n=n, seed=seed)
         if wl.turns_range is not None or wl.extra.get("bound") == "kv":
-            # Long-horizon shapes whose contexts outgrow the KV cache: the KV-valid bound.
-            return kv_bound.agents_bound(wl, n=n, seed=seed)
+            # Long-horizon shapes whose contexts outgrow the KV cache: the KV-valid bound,
+            # with the server's second tier where it has one (W8o).
+            return kv_bound.agents_bound(wl, n=n, seed=seed, offload_tokens=offload_tokens(wl))
         return ideal.ideal(wl, n=n, seed=seed)
 
     def replay_bound(self, rp: Any, syn: Any, *, profile_name: str, start: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The issues' goals for each workload, evaluated from a run's JSON numbers only.
 
-Issue 18's for W1, W2, W3, W8 and W9; issue 25's for W10 and W11; issue 9's
+Issue 18's for W1, W2, W3, W8 and W9; issue 25's for W10, W11 and W8o; issue 9's
 other ones for W1 and W6, on the recalibrated emulator; the earlier ones for W5
 and W7; issue 24's for the scaled W8s on a real engine (W1s and W3s carry W1's
 and W3's). Every goal is reported with its measured ratio, met or not, beside
@@ -179,6 +179,30 @@ def _public_shape_goals(contenders: Mapping[str, Mapping[str, Any]]) -> list[dic
     ]
 
 
+def _offload_goals(contenders: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 25's goal for W8 on a server with a second KV tier (W8o), and the sweep's.
+
+    The bound is the KV-valid one computed with the tier (`kv_bound.agents_bound`'s
+    `offload_tokens`): a paused context parked in host memory comes back free.
+    """
+    lgb = contenders.get(LGB)
+    c = contenders.get
+    ideal = c("ideal")
+    best = best_bounded(contenders)
+    return [
+        _goal("makespan <= 1.15x the KV-valid bound with the tier", lgb, ideal, "makespan_s", 1.15),
+        _goal(
+            f"makespan <= 0.85x the best naive-bounded ({best})",
+            lgb,
+            c(best) if best else None,
+            "makespan_s",
+            0.85,
+            ideal,
+        ),
+        _preemption_goal(lgb, c("naive")),
+    ]
+
+
 SCALED_GOALS = {"W1s": "W1", "W3s": "W3"}
 """Scaled workloads (the `cpu-tiny` engine's sizes) carry their original's goals; W8s has
 issue 24's own (`_scaled_w8_goals`)."""
@@ -267,6 +291,8 @@ def goals(
         out += _long_horizon_goals(workload, contenders)
     elif workload in PUBLIC_SHAPES:
         out += _public_shape_goals(contenders)
+    elif workload == "W8o":
+        out += _offload_goals(contenders)
     elif workload == "W6":
         out.append(_goal("makespan <= 0.70x naive", lgb, c("naive"), "makespan_s", 0.7, ideal))
     elif workload == "W7":

@@ -1,4 +1,4 @@
-"""The long-horizon workloads W8-W11: agents whose contexts grow over many turns.
+"""The long-horizon workloads W8-W11 and W8o: agents whose contexts grow over many turns.
 
 - W8: long-horizon agents (64 agents of 6-24 turns), contexts ~2.8x the KV cache.
 - W9: agents in a simulation loop (64 agents, 40 ticks).
@@ -6,6 +6,8 @@
   a 440k-token KV cache.
 - W11: long agents with fast tools: 48 agents of 10-30 turns, small results of tools
   that answer within half a second; the KV cache does not bind.
+- W8o: W8 on a server with a second KV tier in host memory (vLLM's native CPU
+  offload, `--kv-offloading-size 64`).
 
 Each is justified in its comments from the published agent-trace statistics that
 WORKLOADS.md lists (Continuum, arXiv 2511.02230; SemiAnalysis AgentX via vLLM issue
@@ -15,18 +17,41 @@ registers them: it passes its `Workload` class, so this module imports nothing f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ("LONG_HORIZON_BOUNDED", "long_horizon_workloads")
+__all__ = ("LONG_HORIZON_BOUNDED", "W8O_OFFLOAD_GIB", "long_horizon_workloads")
 
 LONG_HORIZON_BOUNDED = tuple(f"naive-bounded-{k}" for k in (8, 16, 24, 32, 48))
 """W8/W9's sweep of plain LangGraph's `max_concurrency`: the report keeps the best,
 what a careful user tunes by hand."""
 
 
+W8O_OFFLOAD_GIB = 64.0
+"""W8o's second KV tier: `--kv-offloading-size 64` (GiB of host memory). On the H100
+profile (128 KiB of KV a token) that is 524,288 tokens, ~1.1x the GPU cache: a modest
+share of an 8-GPU H100 server's host memory (1-2 TiB), so the tier holds the paused
+contexts of a W8 run only in part (its contexts reach ~2.8x the GPU cache)."""
+
+
 def long_horizon_workloads(workload: Callable[..., Any]) -> dict[str, Any]:
-    """W8, W9, W10 and W11, built with `workload` (the `Workload` class of `workloads.py`)."""
+    """W8-W11 and W8o, built with `workload` (the `Workload` class of `workloads.py`)."""
+    shapes = _long_horizon_shapes(workload)
+    shapes["W8o"] = dataclasses.replace(
+        shapes["W8"],
+        id="W8o",
+        description=(
+            "W8 on a server with a second KV tier: 64 agents of 6-24 turns, contexts ~2.8x "
+            "the KV cache, plus 64 GiB of host memory for vLLM's native CPU offload"
+        ),
+        kv_offloading_size=W8O_OFFLOAD_GIB,
+    )
+    return shapes
+
+
+def _long_horizon_shapes(workload: Callable[..., Any]) -> dict[str, Any]:
+    """W8, W9, W10 and W11."""
     return {
         "W8": workload(
             id="W8",

@@ -1,4 +1,4 @@
-"""`langgraph-batch bench <W1|...|W11|all> [--n N] [--contenders a,b] [--server URL] ...`.
+"""`langgraph-batch bench <W1|...|W11|W8o|all> [--n N] [--contenders a,b] [--server URL] ...`.
 
 `langgraph-batch bench --replay FILE [--server URL --model M] [--price FILE]`
 replays a job recorded with `langgraph_batch.record.Recorder` instead (`replay_run`).

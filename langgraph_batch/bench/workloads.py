@@ -153,6 +153,9 @@ class Workload:
     `tool_result_words` words)."""
     max_model_len: int | None = None
     """The emulated server's context window (None: the emulator's default, 32,768)."""
+    kv_offloading_size: float | None = None
+    """GiB of host memory for the server's second KV tier (vLLM's `--kv-offloading-size`,
+    native CPU offload); None: no tier."""
     ticks: int = 0
     """Simulation workloads (W9): ticks of the world loop; 0 for agent workloads."""
     world_latency_s: float = 0.0
@@ -400,7 +403,18 @@ def emulator_settings(wl: Workload) -> dict[str, Any]:
             if getattr(profile, n) != defaults[n]}  # fmt: skip
     if wl.max_model_len is not None:
         out["max_model_len"] = wl.max_model_len
+    if wl.kv_offloading_size is not None:
+        out["kv_offloading_size"] = wl.kv_offloading_size
     return out
+
+
+def offload_tokens(wl: Workload) -> int | None:
+    """The workload server's second KV tier in tokens, as the emulator sizes it (None: none)."""
+    if wl.kv_offloading_size is None:
+        return None
+    return EmulatorConfig(
+        profile=wl.profile, kv_offloading_size=wl.kv_offloading_size
+    ).offload_tokens
 
 
 def make_job(

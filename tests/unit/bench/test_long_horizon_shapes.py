@@ -1,4 +1,4 @@
-"""W10 and W11, the public long-horizon shapes beside W8: sizes, turns, tails, goals."""
+"""W10, W11 and W8o, the long-horizon shapes beside W8: sizes, turns, tails, tiers, goals."""
 
 from __future__ import annotations
 
@@ -8,15 +8,21 @@ from functools import cache
 import pytest
 
 from benchmarks import goals as research_goals
-from benchmarks.contenders.kv_bound import Turn, agent_turns
+from benchmarks.contenders.kv_bound import Turn, agent_turns, agents_bound
 from benchmarks.extension import Research
 from langgraph_batch.bench import cli, harness, report
-from langgraph_batch.bench._long_horizon import LONG_HORIZON_BOUNDED, W10_KV_TOKENS
+from langgraph_batch.bench._long_horizon import (
+    LONG_HORIZON_BOUNDED,
+    W8O_OFFLOAD_GIB,
+    W10_KV_TOKENS,
+)
 from langgraph_batch.bench.workloads import (
     FULL_SIZE,
     WORKLOADS,
     Workload,
+    emulator_settings,
     make_job,
+    offload_tokens,
     system_prompt,
 )
 from langgraph_batch.emulator.costs import get_profile
@@ -47,7 +53,7 @@ def _lockstep_peak(workload: str) -> int:
 
 
 def test_the_public_shapes_run_in_bench_all_with_the_sweep() -> None:
-    assert FULL_SIZE[-4:] == ("W8", "W9", "W10", "W11")
+    assert FULL_SIZE[-5:] == ("W8", "W9", "W10", "W11", "W8o")
     for wid in ("W10", "W11"):
         wl = WORKLOADS[wid]
         assert wl.contenders == ("naive", *LONG_HORIZON_BOUNDED, "langgraph-batch", "ideal")
@@ -135,3 +141,50 @@ def test_the_router_contenders_run_on_the_public_shapes(with_research: Research)
         )
         # The bound of a long-horizon shape is the KV-valid one.
         assert with_research.bound(WORKLOADS[wid], n=4, seed=0)["kind"] == "kv-valid"
+
+
+def test_w8o_is_w8_on_a_server_with_a_64_gib_cpu_tier() -> None:
+    w8, w8o = WORKLOADS["W8"], WORKLOADS["W8o"]
+    assert w8o.kv_offloading_size == W8O_OFFLOAD_GIB == 64.0
+    assert w8.kv_offloading_size is None
+    # Everything else is W8's: the same agents, tools and sweep.
+    same = ("n", "turns_range", "kv_tokens", "tool_latency_mix", "contenders", "time_scale")
+    assert all(getattr(w8o, f) == getattr(w8, f) for f in same)
+    # 64 GiB over 128 KiB of KV a token (H100 profile), in whole 16-token blocks.
+    assert offload_tokens(w8o) == 64 * 2**30 // (16 * 131_072) * 16 == 524_288
+    assert offload_tokens(w8) is None
+    # The emulator runs the tier for every contender alike; W8's server has none.
+    assert emulator_settings(w8o)["kv_offloading_size"] == 64.0
+    assert "kv_offloading_size" not in emulator_settings(w8)
+
+
+def test_the_w8o_bound_counts_the_tier(with_research: Research) -> None:
+    wl = WORKLOADS["W8o"]
+    with_tier = with_research.bound(wl, n=wl.n, seed=0)
+    without = agents_bound(WORKLOADS["W8"], n=wl.n, seed=0)
+    assert with_tier["offload_tokens"] == 524_288
+    assert without["offload_tokens"] is None
+    # A tier can only lower the bound: parked contexts come back without a recompute.
+    assert with_tier["makespan_s"] <= without["makespan_s"]
+    assert with_tier["min_prefill_tokens"] == without["min_prefill_tokens"]
+
+
+def test_w8o_goals_are_the_tier_bound_the_sweep_and_no_preemption() -> None:
+    base = dict.fromkeys(report.METRIC_KEYS, 1.0) | {"preemptions": 0.0}
+    contenders = {
+        "naive-bounded-24": base | {"makespan_s": 270.0},
+        "langgraph-batch": base | {"makespan_s": 200.0},
+        "ideal": {"makespan_s": 180.0},
+    }
+    goals = {g["goal"]: g for g in research_goals.goals("W8o", contenders, 64)}
+    tier = goals["makespan <= 1.15x the KV-valid bound with the tier"]
+    assert tier["measured"] == pytest.approx(200 / 180)
+    assert tier["met"] is True
+    best = goals["makespan <= 0.85x the best naive-bounded (naive-bounded-24)"]
+    assert best["measured"] == pytest.approx(200 / 270)
+    assert best["met"] is True
+    assert goals["0 preemptions"]["met"] is True
+    contenders["langgraph-batch"] = base | {"makespan_s": 240.0, "preemptions": 3.0}
+    goals = {g["goal"]: g for g in research_goals.goals("W8o", contenders, 64)}
+    assert goals["makespan <= 1.15x the KV-valid bound with the tier"]["met"] is False
+    assert goals["0 preemptions"]["met"] is False
