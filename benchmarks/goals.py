@@ -57,6 +57,19 @@ def _goal(
     return out
 
 
+def _best_bounded_goal(contenders: Mapping[str, Mapping[str, Any]], limit: float) -> dict[str, Any]:
+    """langgraph-batch's makespan against the best of the naive-bounded sweep (<= `limit`x)."""
+    best = best_bounded(contenders)
+    return _goal(
+        f"makespan <= {limit:g}x the best naive-bounded ({best})",
+        contenders.get(LGB),
+        contenders.get(best) if best else None,
+        "makespan_s",
+        limit,
+        contenders.get("ideal"),
+    )
+
+
 def _tail_goal(lgb: Mapping[str, Any] | None) -> dict[str, Any]:
     """No straggler tail: the last 5% of siblings finish within 5% of the makespan.
 
@@ -116,16 +129,7 @@ def _long_horizon_goals(
     out = [_goal("makespan <= 1.15x the KV-valid bound", lgb, ideal, "makespan_s", 1.15)]
     if workload == "W8":
         out.append(_goal("makespan <= 0.5x naive", lgb, c("naive"), "makespan_s", 0.5, ideal))
-        out.append(
-            _goal(
-                f"makespan <= 0.65x the best naive-bounded ({best})",
-                lgb,
-                c(best) if best else None,
-                "makespan_s",
-                0.65,
-                ideal,
-            )
-        )
+        out.append(_best_bounded_goal(contenders, 0.65))
     else:
         out.append(_goal("makespan < naive", lgb, c("naive"), "makespan_s", 0.9999, ideal))
         out.append(
@@ -158,14 +162,7 @@ def _public_shape_goals(contenders: Mapping[str, Mapping[str, Any]]) -> list[dic
     best = best_bounded(contenders)
     best_entry = c(best) if best else None
     return [
-        _goal(
-            f"makespan <= 0.85x the best naive-bounded ({best})",
-            lgb,
-            best_entry,
-            "makespan_s",
-            0.85,
-            ideal,
-        ),
+        _best_bounded_goal(contenders, 0.85),
         _goal("makespan <= 1.25x the KV-valid bound", lgb, ideal, "makespan_s", 1.25),
         _prefill_goal(lgb, ideal),
         _preemption_goal(lgb, c("naive")),
@@ -187,18 +184,15 @@ def _offload_goals(contenders: Mapping[str, Mapping[str, Any]]) -> list[dict[str
     """
     lgb = contenders.get(LGB)
     c = contenders.get
-    ideal = c("ideal")
-    best = best_bounded(contenders)
     return [
-        _goal("makespan <= 1.15x the KV-valid bound with the tier", lgb, ideal, "makespan_s", 1.15),
         _goal(
-            f"makespan <= 0.85x the best naive-bounded ({best})",
+            "makespan <= 1.15x the KV-valid bound with the tier",
             lgb,
-            c(best) if best else None,
+            c("ideal"),
             "makespan_s",
-            0.85,
-            ideal,
+            1.15,
         ),
+        _best_bounded_goal(contenders, 0.85),
         _preemption_goal(lgb, c("naive")),
     ]
 
@@ -213,18 +207,10 @@ def _scaled_w8_goals(contenders: Mapping[str, Mapping[str, Any]]) -> list[dict[s
     lgb = contenders.get(LGB)
     c = contenders.get
     ideal = c("ideal")
-    best = best_bounded(contenders)
     out = [
         _preemption_goal(lgb, c("naive")),
         _goal("makespan <= 0.6x naive", lgb, c("naive"), "makespan_s", 0.6, ideal),
-        _goal(
-            f"makespan <= 0.9x the best naive-bounded ({best})",
-            lgb,
-            c(best) if best else None,
-            "makespan_s",
-            0.9,
-            ideal,
-        ),
+        _best_bounded_goal(contenders, 0.9),
     ]
     out.append(_prefill_goal(lgb, ideal))
     return out

@@ -27,30 +27,35 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
-def emulator_stats(url: str) -> dict[str, Any]:
-    """The emulator's counters."""
-    resp = httpx.get(f"{url}/emulator/stats", timeout=30.0)
+def _get_json(url: str) -> dict[str, Any]:
+    resp = httpx.get(url, timeout=30.0)
     resp.raise_for_status()
     data: dict[str, Any] = resp.json()
     return data
+
+
+def _post(url: str) -> None:
+    httpx.post(url, timeout=30.0).raise_for_status()
+
+
+def emulator_stats(url: str) -> dict[str, Any]:
+    """The emulator's counters."""
+    return _get_json(f"{url}/emulator/stats")
 
 
 def reset_emulator(url: str) -> None:
     """Zero the emulator's counters and clear its prefix cache."""
-    httpx.post(f"{url}/emulator/reset", timeout=30.0).raise_for_status()
+    _post(f"{url}/emulator/reset")
 
 
 def tool_stats(url: str) -> dict[str, Any]:
     """The tool service's counters."""
-    resp = httpx.get(f"{url}/stats", timeout=30.0)
-    resp.raise_for_status()
-    data: dict[str, Any] = resp.json()
-    return data
+    return _get_json(f"{url}/stats")
 
 
 def reset_tools(url: str) -> None:
     """Zero the tool service's counters."""
-    httpx.post(f"{url}/reset", timeout=30.0).raise_for_status()
+    _post(f"{url}/reset")
 
 
 def _int(stats: Mapping[str, Any], *names: str) -> int | None:

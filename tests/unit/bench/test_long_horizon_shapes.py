@@ -165,8 +165,13 @@ def test_the_w8o_bound_counts_the_tier(with_research: Research) -> None:
     assert with_tier["offload_tokens"] == 524_288
     assert without["offload_tokens"] is None
     # A tier can only lower the bound: parked contexts come back without a recompute.
-    assert with_tier["makespan_s"] <= without["makespan_s"]
+    assert with_tier["kv_bound_s"] <= without["kv_bound_s"]
     assert with_tier["min_prefill_tokens"] == without["min_prefill_tokens"]
+    # On W8's agents the engine's work binds either way, which is why the docs say the
+    # tier cannot move W8's bound (182.2 s with and without it).
+    for bound in (with_tier, without):
+        assert bound["makespan_s"] == pytest.approx(bound["work_bound_s"])
+    assert with_tier["makespan_s"] == pytest.approx(without["makespan_s"])
 
 
 def test_w8o_goals_are_the_tier_bound_the_sweep_and_no_preemption() -> None:
