@@ -269,9 +269,13 @@ class VLLMCPUServer:
         ready_timeout_s: How long to wait for `/health`.
         nice: Run the server at this niceness (0: as this process). The tests
             use 10: on 2 cores vLLM's busy processes otherwise starve the
-            client's event loop (CI logged a 56 s step), and what the client
-            reads (the order answers arrive in, a gauge at a moment) is then
-            the scheduler's doing, not the engine's.
+            client's event loop (CI logged steps of 56 and 80 s), and what the
+            client reads (the order answers arrive in, a gauge at a moment) is
+            then the scheduler's doing, not the engine's. The server stays in
+            this process's session (in a process group of its own, for the stop)
+            for the niceness to count: with autogroups (`sched(7)`, on in most
+            kernels) the CPU is shared between sessions first, and niceness
+            orders processes only within theirs.
     """
 
     def __init__(
@@ -363,7 +367,7 @@ class VLLMCPUServer:
             log.write((" ".join(argv) + "\n").encode())
             log.flush()
             self._proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0
             )
         try:
             self._wait_ready(t0)
@@ -405,7 +409,7 @@ class VLLMCPUServer:
             except subprocess.TimeoutExpired:
                 self._failed = True
         if proc is not None:
-            # Workers the server spawned share its session (start_new_session above).
+            # Workers the server spawned share its process group (process_group=0 above).
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -3,6 +3,7 @@ an install or start failure is a typed error with its log; a stop leaves no proc
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -34,6 +35,19 @@ def test_kv_capacity_and_block_size_are_the_configured_ones(engine: VLLMCPUServe
     assert f'kv_cache_size_tokens="{engine.config.kv_tokens}"' in info
     assert 'enable_prefix_caching="True"' in info
     assert parse_prometheus(text).sum("vllm:num_requests_running") == 0.0
+
+
+def test_the_server_yields_the_cpu_to_the_tests(engine: VLLMCPUServer) -> None:
+    # The fixture's nice 10 counts only inside a session (autogroups, sched(7)): the
+    # server stays in the test's session, in a process group of its own for the stop.
+    assert engine.pid is not None
+    server = psutil.Process(engine.pid)
+    assert server.nice() == engine.nice == 10
+    assert os.getsid(engine.pid) == os.getsid(0)
+    assert os.getpgid(engine.pid) == engine.pid
+    autogroup = Path(f"/proc/{engine.pid}/autogroup")
+    if autogroup.exists():
+        assert autogroup.read_text() == Path("/proc/self/autogroup").read_text()
 
 
 def test_kv_that_cannot_hold_max_model_len_is_refused_with_the_reason(tmp_path: Path) -> None:
