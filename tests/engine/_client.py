@@ -70,7 +70,8 @@ async def wait_metric(
     start = time.monotonic()
     last: EngineMetrics | None = None
     async with httpx.AsyncClient(timeout=60) as client:  # one connection for the polls
-        while time.monotonic() - start < deadline_s:
+        while True:
+            polled_at = time.monotonic()
             try:
                 last = await engine_metrics(server, client)
             except httpx.TransportError as exc:
@@ -83,6 +84,10 @@ async def wait_metric(
             if task is not None and task.done():
                 outcome = "cancelled" if task.cancelled() else repr(task.exception())
                 raise AssertionError(f"the call ended before {what}: {outcome}")
+            if polled_at - start >= deadline_s:
+                # The last poll began after the deadline: a host that stalled this
+                # loop past the deadline still had the state read once after it.
+                break
             await asyncio.sleep(0.05)
     check_alive(server, f"while waiting for {what}")
     raise AssertionError(f"{what} not reached in {deadline_s} s; last metrics: {last}")
