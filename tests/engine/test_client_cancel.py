@@ -1,6 +1,6 @@
 """Cancellation reaches the engine: a cancelled call's request is aborted there.
 
-Each test starts calls that would generate for minutes (`max_tokens` 20,000
+Each test starts calls that would generate for minutes (`max_tokens` 32,000
 with `ignore_eos`), waits until the engine runs them (its own
 `vllm:num_requests_running`), cancels, then measures how long the engine takes
 to run nothing, and checks from the engine's token counter that the requests
@@ -22,7 +22,8 @@ from benchmarks.vllm_cpu import VLLMCPUServer
 from langgraph_batch import BatchedChatModel, fan_out
 from tests.engine._client import counter, vllm_url, wait_metric
 
-MAX_TOKENS = 20000
+MAX_TOKENS = 32000
+"""Near the default engine's `max_model_len` (32,768, prompt included): 20,000 took 90 s here."""
 LONG = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
 QUICKLY_S = 10.0
 """How soon the engine must be idle after the cancel (it would otherwise run for minutes)."""
@@ -32,9 +33,11 @@ ATTEMPTS = 3
 class FinishedFirst(Exception):
     """The call completed before the cancel reached it: nothing was measured.
 
-    On 2 cores vLLM's busy processes can stall this test's event loop for tens of
-    seconds (CI logged a 56 s step) while the engine generates at full speed, so
-    even 20,000 tokens may all be generated before the test gets to cancel.
+    On 2 cores vLLM's busy processes could stall this test's event loop for tens
+    of seconds (CI logged steps of 56 and 80 s) while the engine generated at full
+    speed, so even 20,000 tokens were all generated before the test got to cancel.
+    The server's `nice` did not count then: it ran in a session of its own, and
+    the kernel shares the CPU between sessions first (it now stays in ours).
     """
 
 
