@@ -17,10 +17,13 @@ a client under the limits before that happens:
   requests go out in the order they asked, spaced at the refill rate (the
   GCRA form of a token bucket), with no polling. `observe(readings, now)`
   lowers a bucket to what the server says is left (less the bookings not
-  yet sent) and learns limits and the minute's length (limit x reset / used);
+  yet sent, or sent after the request the reading answers) and learns
+  limits and the minute's length (limit x reset / used);
   `settle(ticket, actual, now)` replaces the estimate by the usage the
   server reported (only the output's part once a reading has counted the
-  request); `release(ticket, now)` gives back a booking never spent.
+  request); `release(ticket, now)` gives back a booking never spent;
+  `sending(ticket)` marks a booking sent, and tells a reading taken inside
+  it which request it answers.
 - One pacer per credentials: `pacer_for(backend.key)` keys the process-wide
   registry by a sha256 of the backend's key (endpoint and a digest of its
   credentials), so every scheduler, sibling and run on one key shares one
@@ -37,12 +40,14 @@ them on admission.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +65,7 @@ __all__ = (
     "observe_response",
     "pacer_for",
     "request_costs",
+    "sending",
 )
 
 logger = logging.getLogger(__name__)
@@ -190,6 +196,8 @@ class RateTicket:
     send_at: float
     probe: bool = False
     done: bool = False
+    sent_at: float | None = None
+    """When it went to the server (`sending`); None: not yet."""
     synced: bool = False
     """A reading taken after it was sent already counts what the server charged."""
     raw_input: float = 0.0
@@ -401,17 +409,33 @@ class RatePacer:
 
         An empty `readings` (a response without headers) ends the probe.
         """
+        answered = _ANSWERING.get()
         with self._lock:
             self._probe.learned = True
             if not readings or not self._policy.follow_headers:
                 return
+            # The server took the reading when it admitted the request answered:
+            # what was sent after that is not in it. Without knowing which request
+            # it answers, every booking no reading has counted yet is left out of
+            # it (the safe side: one in flight is counted twice until it settles).
+            as_of = answered.sent_at if answered in self._pending else None
+            if as_of is None:
+                uncounted = [t for t in self._pending if not t.synced]
+            else:
+                uncounted = [t for t in self._pending if t.sent_at is None or t.sent_at > as_of]
+                for ticket in self._pending:
+                    if ticket.sent_at is not None and ticket.sent_at <= as_of:
+                        ticket.synced = True
             for reading in readings.values():
                 self._learn_minute(reading)
             for dim, reading in readings.items():
-                self._observe_one(dim, reading, now)
-            for ticket in self._pending:
-                if ticket.send_at <= now:
-                    ticket.synced = True
+                self._observe_one(dim, reading, now, uncounted)
+
+    def mark_sent(self, ticket: RateTicket, now: float) -> None:
+        """Record that a booking's request went to the server (see `sending`)."""
+        with self._lock:
+            if ticket.sent_at is None:
+                ticket.sent_at = now
 
     def _learn_minute(self, reading: RateReading) -> None:
         # A bucket refills at limit / minute: full again in reset = used x minute / limit.
@@ -424,7 +448,9 @@ class RatePacer:
         seen = reading.reset_s * reading.limit / used
         self._minute_s = seen if self._minute_s is None else 0.5 * self._minute_s + 0.5 * seen
 
-    def _observe_one(self, dim: str, reading: RateReading, now: float) -> None:
+    def _observe_one(
+        self, dim: str, reading: RateReading, now: float, uncounted: list[RateTicket]
+    ) -> None:
         policy = self._policy
         bucket = self._buckets.get(dim)
         window = self._minute_s if self._minute_s is not None else policy.minute_s
@@ -446,12 +472,39 @@ class RatePacer:
             bucket.refill(now)
             bucket.limit, bucket.window_s = reading.limit, window
         # What the server has left, less the headroom and what is booked here
-        # but not yet sent, can only lower the bucket: a reading misses requests
-        # still on their way to the server (a raise could overbook them), and
-        # estimates are calibrated on the server's counts (`input_scale`).
-        unsent = sum(t.costs.get(dim, 0.0) for t in self._pending if t.send_at > now)
-        server_left = reading.remaining - reading.limit * (1 - bucket.headroom) - unsent
+        # that the reading does not count (not yet sent, or sent after it was
+        # taken), can only lower the bucket (a raise could overbook requests on
+        # their way), and estimates are calibrated on the server's counts
+        # (`input_scale`).
+        missed = sum(t.costs.get(dim, 0.0) for t in uncounted)
+        server_left = reading.remaining - reading.limit * (1 - bucket.headroom) - missed
         bucket.level = min(bucket.refill(now), server_left)
+
+
+_ANSWERING: contextvars.ContextVar[RateTicket | None] = contextvars.ContextVar(
+    "langgraph_batch_rate_ticket", default=None
+)
+"""The booking of the request this task is sending: the one a reading answers."""
+
+
+@contextlib.contextmanager
+def sending(pacer: RatePacer, ticket: RateTicket | None) -> Iterator[None]:
+    """Around one request's call: mark its booking sent, and name it to readings.
+
+    A response's rate-limit headers are read inside the call (the HTTP
+    transport's hook, a LangChain model's response metadata), in this task or
+    a copy of its context: `observe` then knows which request the reading
+    answers and so which bookings it cannot count.
+    """
+    if ticket is None:
+        yield
+        return
+    pacer.mark_sent(ticket, time.monotonic())
+    token = _ANSWERING.set(ticket)
+    try:
+        yield
+    finally:
+        _ANSWERING.reset(token)
 
 
 def request_costs(

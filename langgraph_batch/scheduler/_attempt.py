@@ -16,12 +16,14 @@ the policy, the policy core, the stats, the scheduler's `Lifecycle` and its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from langgraph_batch._heartbeat import held
+from langgraph_batch._rate_budget import RateTicket
 from langgraph_batch._retry_policy import Delivery
 from langgraph_batch.backends.base import Backend, ChatChunk, ChatRequest, ChatResponse
 from langgraph_batch.errors import BatchTimeoutError, MalformedToolCallError
@@ -120,7 +122,7 @@ class RequestAttempts:
                     ticket = await gate.wait(request)
                 now = clock()
                 if core.try_acquire(item, now):
-                    resp = await self._call(item, request, cb)
+                    resp = await self._call(item, request, cb, ticket)
                 else:
                     fut: asyncio.Future[ChatResponse | None] = loop.create_future()
                     item.future = fut
@@ -133,7 +135,7 @@ class RequestAttempts:
                     except asyncio.CancelledError:
                         self._abandon(item)
                         raise
-                    resp = res if res is not None else await self._call(item, request, cb)
+                    resp = res if res is not None else await self._call(item, request, cb, ticket)
                 if gate is not None:
                     gate.done(ticket, resp, None)
                 if check is not None:
@@ -191,13 +193,16 @@ class RequestAttempts:
         item: PolicyItem,
         request: ChatRequest,
         cb: Callable[[ChatChunk], None] | None,
+        ticket: RateTicket | None,
     ) -> ChatResponse:
         self._stats.record_dispatch()
+        gate = self._gate
         try:
-            if item.leading:
-                resp = await self._call_leader(item, request, cb)
-            else:
-                resp = await self._backend.chat(request, on_chunk=cb)
+            with gate.sending(ticket) if gate is not None else contextlib.nullcontext():
+                if item.leading:
+                    resp = await self._call_leader(item, request, cb)
+                else:
+                    resp = await self._backend.chat(request, on_chunk=cb)
         except BaseException as exc:
             self._dispatch.release(item, outcome_of(exc))
             raise

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import time
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from langgraph_batch._heartbeat import held
-from langgraph_batch._rate_budget import Costs, RatePacer, RateTicket, request_costs
+from langgraph_batch._rate_budget import Costs, RatePacer, RateTicket, request_costs, sending
 from langgraph_batch.backends.base import ChatRequest, ChatResponse
 from langgraph_batch.errors import BackendRateLimitError
 
@@ -110,6 +111,10 @@ class RateGate:
                 self._prefix_of.pop(id(ticket), None)
                 raise
         return ticket
+
+    def sending(self, ticket: RateTicket | None) -> contextlib.AbstractContextManager[None]:
+        """Around the call: mark the booking sent and name it to the readings it brings."""
+        return sending(self.pacer, ticket)
 
     def _costs(self, request: ChatRequest) -> tuple[Costs, int, str | None, bool]:
         """(costs, calibration shape, shared-prefix digest, whether it is booked warm)."""

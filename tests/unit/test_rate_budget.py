@@ -7,11 +7,13 @@ import pytest
 from langgraph_batch._rate_budget import (
     RateLimitPolicy,
     RatePacer,
+    RateTicket,
     existing_pacer,
     forget_pacers,
     observe_headers,
     pacer_for,
     request_costs,
+    sending,
 )
 from langgraph_batch._rate_headers import (
     RateReading,
@@ -206,11 +208,17 @@ def test_the_headers_teach_limits_and_the_minute_and_lower_what_is_left() -> Non
     assert not pacer.idle
     assert pacer.paces_tokens
     assert pacer.limits() == {"tokens": 1500}
-    assert pacer.reserve({"tokens": 1200.0}, now=0.0)[1] == 0.0
-    assert pacer.reserve({"tokens": 75.0}, now=0.0)[1] == pytest.approx(0.1)  # 750 per second
+    big, delay = pacer.reserve({"tokens": 1200.0}, now=0.0)
+    assert delay == 0.0
+    small, delay = pacer.reserve({"tokens": 75.0}, now=0.0)
+    assert delay == pytest.approx(0.1)  # 750 per second
     # A reading never raises the bucket (it misses requests still on their way) ...
     pacer.observe({"tokens": RateReading(1500, 1500, None)}, now=0.1)
-    assert pacer.reserve({"tokens": 1.0}, now=0.1)[1] > 0
+    one, delay = pacer.reserve({"tokens": 1.0}, now=0.1)
+    assert delay > 0
+    for ticket in (big, small, one):
+        assert ticket is not None
+        pacer.settle(ticket, None, now=1.0)
     # ... but lowers it to what the server has left.
     pacer.observe({"tokens": RateReading(1500, 0, 2.0)}, now=10.0)
     assert pacer.reserve({"tokens": 150.0}, now=10.0)[1] == pytest.approx(0.2)
@@ -219,12 +227,50 @@ def test_the_headers_teach_limits_and_the_minute_and_lower_what_is_left() -> Non
 def test_a_reading_counts_bookings_not_yet_sent() -> None:
     pacer = RatePacer("unsent")
     pacer.configure(RateLimitPolicy(probe=False, headroom=1.0, tokens_per_min=60), now=0.0)
-    pacer.reserve({"tokens": 60.0}, now=0.0)  # sent now
+    first, _ = pacer.reserve({"tokens": 60.0}, now=0.0)
+    assert first is not None
+    pacer.mark_sent(first, now=0.0)
     future, delay = pacer.reserve({"tokens": 30.0}, now=0.0)  # goes at 30 s
     assert future is not None
     assert delay == pytest.approx(30.0)
-    pacer.observe({"tokens": RateReading(60, 0, 60.0)}, now=0.0)
+    with sending(pacer, first):  # the reading answers the first request
+        pacer.observe({"tokens": RateReading(60, 0, 60.0)}, now=0.0)
     assert pacer.reserve({"tokens": 1.0}, now=0.0)[1] == pytest.approx(31.0)
+
+
+def _three_booked() -> tuple[RatePacer, list[RateTicket]]:
+    # 60 tokens a minute (1 a second), three requests of 20 booked at 0:
+    # a sent at 0, b sent at 1, c not sent yet.
+    pacer = RatePacer("in-flight")
+    pacer.configure(RateLimitPolicy(probe=False, headroom=1.0, tokens_per_min=60), now=0.0)
+    tickets = []
+    for _ in range(3):
+        ticket, delay = pacer.reserve({"tokens": 20.0}, now=0.0)
+        assert ticket is not None
+        assert delay == 0.0
+        tickets.append(ticket)
+    pacer.mark_sent(tickets[0], now=0.0)
+    pacer.mark_sent(tickets[1], now=1.0)
+    return pacer, tickets
+
+
+def test_a_reading_leaves_out_what_was_sent_after_the_request_it_answers() -> None:
+    pacer, (a, b, c) = _three_booked()
+    # a's answer arrives at 2 s; the server took its reading when it admitted a
+    # (at 0): 60 - 20 = 40 left. b and c are not in it: 40 - 40 = 0 left, while
+    # the bucket has refilled 2 tokens since 0 (the reading lowers it to 0).
+    with sending(pacer, a):
+        pacer.observe({"tokens": RateReading(60, 40, 20.0)}, now=2.0)
+    assert (a.synced, b.synced, c.synced) == (True, False, False)
+    assert pacer.reserve({"tokens": 1.0}, now=2.0)[1] == pytest.approx(1.0)
+
+
+def test_a_reading_that_answers_an_unknown_request_counts_every_booking_not_counted() -> None:
+    pacer, (a, b, c) = _three_booked()
+    # The safe side: a, b and c all left out (a counted twice): 40 - 60 = -20.
+    pacer.observe({"tokens": RateReading(60, 40, 20.0)}, now=2.0)
+    assert (a.synced, b.synced, c.synced) == (False, False, False)
+    assert pacer.reserve({"tokens": 1.0}, now=2.0)[1] == pytest.approx(21.0)
 
 
 def test_explicit_limits_are_kept_and_only_lowered() -> None:
