@@ -419,13 +419,15 @@ class RatePacer:
             # it answers, every booking no reading has counted yet is left out of
             # it (the safe side: one in flight is counted twice until it settles).
             as_of = answered.sent_at if answered in self._pending else None
-            if as_of is None:
-                uncounted = [t for t in self._pending if not t.synced]
-            else:
-                uncounted = [t for t in self._pending if t.sent_at is None or t.sent_at > as_of]
-                for ticket in self._pending:
-                    if ticket.sent_at is not None and ticket.sent_at <= as_of:
-                        ticket.synced = True
+            uncounted = []
+            for ticket in self._pending:
+                if as_of is None:
+                    counted = ticket.synced
+                else:
+                    counted = ticket.sent_at is not None and ticket.sent_at <= as_of
+                    ticket.synced = ticket.synced or counted
+                if not counted:
+                    uncounted.append(ticket)
             for reading in readings.values():
                 self._learn_minute(reading)
             for dim, reading in readings.items():

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import pytest
 
+from langgraph_batch import _rate_budget
 from langgraph_batch._rate_budget import (
     RateLimitPolicy,
     RatePacer,
@@ -21,7 +25,10 @@ from langgraph_batch._rate_headers import (
     parse_go_duration,
     parse_rate_headers,
 )
-from langgraph_batch.scheduler import BatchPolicy
+from langgraph_batch.backends import OpenAICompatibleBackend
+from langgraph_batch.backends.base import ChatRequest
+from langgraph_batch.scheduler import BatchPolicy, Scheduler
+from tests.fakes.http import Recorder, completion
 
 # ----------------------------------------------------------------------------- headers
 
@@ -437,3 +444,44 @@ async def test_a_cache_that_counts_its_reads_is_booked_in_full() -> None:
     second = await gate.wait(req)
     assert second is not None
     assert second.raw_input == first.raw_input
+
+
+async def test_the_scheduler_names_each_reading_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Wiring: the scheduler marks a booking sent around the call, and the
+    # transport's hook reads the headers inside it, so `observe` knows which
+    # request the reading answers (without that, every reading would fall
+    # back to the safe side and no booking would ever be counted).
+    forget_pacers()
+    seen: list[RateTicket | None] = []
+    settled: list[RateTicket] = []
+    observe, settle = RatePacer.observe, RatePacer.settle
+
+    def spy_observe(self: RatePacer, readings: Any, now: float) -> None:
+        seen.append(_rate_budget._ANSWERING.get())
+        observe(self, readings, now)
+
+    def spy_settle(self: RatePacer, ticket: RateTicket, *args: Any, **kw: Any) -> None:
+        settled.append(ticket)
+        settle(self, ticket, *args, **kw)
+
+    monkeypatch.setattr(RatePacer, "observe", spy_observe)
+    monkeypatch.setattr(RatePacer, "settle", spy_settle)
+    recorder = Recorder()
+    headers = {
+        "x-ratelimit-limit-tokens": "100000",
+        "x-ratelimit-remaining-tokens": "99000",
+        "x-ratelimit-reset-tokens": "1s",
+    }
+    recorder.handler = lambda request: httpx.Response(200, json=completion(), headers=headers)
+    backend = OpenAICompatibleBackend("http://srv:8000/v1", transport=recorder.transport)
+    policy = BatchPolicy(rate_limit=RateLimitPolicy(tokens_per_min=100_000, probe=False))
+    request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    async with Scheduler(backend, policy=policy, owns_backend=True) as scheduler:
+        for _ in range(3):
+            await scheduler.submit(request)
+    assert len(seen) == len(settled) == 3
+    assert seen == settled  # each reading named the booking of the request it answered
+    assert all(t.sent_at is not None for t in settled)
+    assert _rate_budget._ANSWERING.get() is None  # reset after each call
