@@ -51,11 +51,13 @@ class Engine:
         self.generated = 0.0
         self.prefill = 0.0
         self.limits: list[int] = []
+        self.left: int | None = None
+        """Siblings a fan_out run has left: the engine runs `cap.wave(left)` (None: the cap)."""
         cap.observe(0.0, generated=0.0, prefill=0.0, in_flight=1.0, busy=True, bound=True)
 
     def run(self, samples: int, *, prefill: Callable[[int], float] = lambda i: 0.0) -> None:
         for i in range(samples):
-            b = min(self.cap.limit, self.demand)
+            b = min(self.cap.wave(self.left), self.demand)
             computed = prefill(i)
             decode_s = self.dt - computed * self.c
             assert decode_s > 0
@@ -233,6 +235,38 @@ def test_steps_down_when_decode_gets_slower_at_its_level() -> None:
     engine.run(40)
     assert engine.settled() == 11
     assert min(engine.limits) == 8  # one step too far, taken back
+
+
+def test_a_tie_after_a_step_down_settles_there() -> None:
+    # Below 23 throughput grows exactly as fast as the objective asks (X ~ B ** e):
+    # 8, 11, 16 and 23 are worth the same; 32 is worse. Once 23 is measured
+    # better than 32 the cap steps down, and on down while that pays; at 16 it
+    # finds a tie and stays, instead of walking down to the floor on ties.
+    cap = DecodeCap(ceiling=256, start=32, memory=8, probe_every=1000)
+    engine = Engine(cap, linear_until(32))
+    engine.run(12)
+    assert cap.limit == 32
+    engine.curve = lambda b: 1000.0 * (min(b, 23.0) / 23.0) ** 0.25 * (0.8 if b > 23 else 1.0)
+    engine.demand = 23  # a lull measures 23
+    engine.run(4)
+    engine.demand = 1000
+    engine.run(30)
+    assert engine.limits[-1] in (16, 23)
+    assert min(engine.limits) >= 16
+
+
+def test_repeated_runs_measure_the_cap_s_own_level() -> None:
+    # A simulation's ticks: a fan_out of 64 siblings, again and again. Slow start
+    # steps from 16 to 23; rounded into two waves of 32 the engine would run a
+    # level above the cap, which would then never be judged. Three waves of 22
+    # measure 23, and the cap steps back to 16 where 16 decodes faster.
+    cap = DecodeCap(ceiling=256, start=16)
+    engine = Engine(cap, h100(15000))
+    engine.left = 64
+    engine.run(30)
+    assert 23 in engine.limits
+    assert engine.settled() == 16
+    assert DecodeCap(ceiling=256, start=23).wave(64) == 22
 
 
 def test_steps_down_to_a_lower_level_measured_better() -> None:
