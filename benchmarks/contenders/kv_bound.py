@@ -47,7 +47,10 @@ updates. So T >= the sum over ticks of (that tick's work, or its slowest
 agent at batch 1, whichever is larger) plus the world updates, and a tick's
 prefill holds at least what its agents carried in beyond the cache: of the
 memories M_t before tick t's observations, at most the capacity C can be
-cached, so at least M_t + shared - C tokens are prefilled again.
+cached, so at least M_t + shared - C tokens are prefilled again. What an agent
+computes again is a suffix of its memory (a prefix cache reuses prefixes only),
+so that prefill's attention is at least that of the smallest memories computed
+again whole (`recompute_attention`).
 
 The minimum prefill (each context token computed once, the partial block
 of a turn again, as vLLM caches only full 16-token blocks) is reported as
@@ -338,6 +341,33 @@ def agents_bound(
     }
 
 
+def recompute_attention(tokens: int, memories: list[int], shared: int) -> float:
+    """The least attention (units of `Profile.step_time`) of computing `tokens` of `memories` again.
+
+    A prefix cache reuses only a prefix of a context (vLLM hashes each block with
+    the blocks before it), so what an agent computes again is a suffix of its
+    memory: r of its m own tokens, after the `shared` prefix, cost
+    r * (shared + m - r/2) >= r * (shared + m/2) attention units. The least of
+    that linear lower bound over every split of `tokens` fills the smallest
+    memories first.
+
+    Example:
+        ```python
+        # two memories of 1,000 and 3,000 tokens after a 500-token prefix; 1,500 again
+        assert recompute_attention(1500, [3000, 1000], 500) == 1000 * 1000 + 500 * 2000
+        ```
+    """
+    left = tokens
+    attn = 0.0
+    for m in sorted(memories):
+        if left <= 0:
+            break
+        r = min(left, m)
+        attn += r * (shared + m / 2)
+        left -= r
+    return attn
+
+
 def simulation_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
     """The KV-valid bound of a tick-based simulation (W9): ticks are barriers."""
     from langgraph_batch.emulator.costs import get_profile
@@ -387,8 +417,7 @@ def simulation_bound(wl: Workload, *, n: int, seed: int) -> dict[str, Any]:
             work.attn += shared * shared / 2
         # At most the capacity's worth of carried memory can be cached at the tick's start.
         recompute = max(0, carried - capacity_own)
-        # Its attention is least when spread evenly over the agents' memories.
-        attn = recompute * (shared + recompute / (2 * n))
+        attn = recompute_attention(recompute, [c - shared for c in cached], shared)
         w = max(work.time(profile, capacity_own, recompute, attn), kv_seconds / capacity_own)
         min_prefill += work.prefill + recompute
         tick_time = max(w, crit)

@@ -234,6 +234,21 @@ def test_simulation_bound_recomputes_what_outgrows_the_cache() -> None:
     assert len(roomy["tick_work_s"]) == 8
 
 
+def test_a_recomputed_memory_is_a_suffix_so_its_attention_is_at_least_half_its_length() -> None:
+    from benchmarks.contenders.kv_bound import recompute_attention
+
+    # Memories of 2,000, 4,000 and 6,000 own tokens after a 1,000-token prefix.
+    memories = [6000, 2000, 4000]
+    # 2,000 tokens again: the smallest memory whole, 2,000 * (1,000 + 1,000).
+    assert recompute_attention(2000, memories, 1000) == 4_000_000
+    # 5,000: that one, then 3,000 of the 4,000-token one at >= 1,000 + 2,000 each.
+    assert recompute_attention(5000, memories, 1000) == 4_000_000 + 3000 * 3000
+    # Never less than the even spread the bound assumed before (r * (shared + r/2n)),
+    # which put every agent's recomputed tokens at the front of its memory.
+    for tokens in (0, 1000, 6000, 12000):
+        assert recompute_attention(tokens, memories, 1000) >= tokens * (1000 + tokens / 6)
+
+
 def test_the_kv_valid_bound_is_not_above_the_step_shape_lp() -> None:
     """The even spread of kv_bound prices W8's work no higher than the cheapest mix of
     engine steps (an LP over every step shape, benchmarks/bound_lp.py): it is a bound."""
