@@ -10,8 +10,9 @@ waits on the world update as a tool-calling agent waits on its tool.
 - `naive` / `naive-bounded[-k]`: the `agents` step is one `Send` per agent
   to a node calling `ChatOpenAI` (`max_concurrency` in the run config for
   the bounded ones), as the LangGraph docs teach a map step.
-- `langgraph-batch`: the `agents` step is a `fan_out` over the agents, with
-  `BatchedChatModel` and the library's defaults; nothing else changes.
+- `langgraph-batch`: the `agents` step is a `fan_out` over the agents (the same
+  agent function, as a `RunnableLambda`), with `BatchedChatModel` and the
+  library's defaults; nothing else changes.
 
 Each agent is a "sibling" of the report: it starts at the first tick and is
 done with its last action; its model calls are in the timeline.
@@ -157,17 +158,17 @@ def _agent_input(memory: list[AnyMessage], index: int) -> dict[str, Any]:
 
 
 def _agent_graph(llm: Any, ticks: int) -> Any:
-    from langgraph.graph import END, START, StateGraph
+    # The same function the naive contenders `Send` to, as a Runnable: a one-node
+    # compiled subgraph would add LangGraph's own pregel loop per agent and tick
+    # (64 no-op siblings: ~150-190 ms a fan_out against ~70 ms this way, on the
+    # 2-core benchmark machine; benchmarks/results/experiments/long_horizon_policies.md).
+    from langchain_core.runnables import RunnableLambda
 
     async def decide(state: _AgentState) -> dict[str, Any]:
         msg = await act(llm, state["index"], state["messages"], state["tick"] >= ticks)
         return {"action": msg}
 
-    g = StateGraph(_AgentState)
-    g.add_node("decide", decide)
-    g.add_edge(START, "decide")
-    g.add_edge("decide", END)
-    return g.compile(name="agent")
+    return RunnableLambda(decide, name="agent")
 
 
 def main() -> None:
