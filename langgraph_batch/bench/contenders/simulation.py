@@ -127,7 +127,7 @@ def build(job: dict[str, Any], llm: Any, *, fan_out_agents: bool) -> Any:
         from langgraph_batch.nodes.fan_out import fan_out
 
         agents = fan_out(
-            _agent_graph(llm, ticks),
+            _agent_runnable(llm, ticks),
             items="memories",
             into="fan_actions",
             make_input=_agent_input,
@@ -157,7 +157,7 @@ def _agent_input(memory: list[AnyMessage], index: int) -> dict[str, Any]:
     return {"index": index, "messages": memory, "tick": tick}
 
 
-def _agent_graph(llm: Any, ticks: int) -> Any:
+def _agent_runnable(llm: Any, ticks: int) -> Any:
     # The same function the naive contenders `Send` to, as a Runnable: a one-node
     # compiled subgraph would add LangGraph's own pregel loop per agent and tick
     # (64 no-op siblings: ~150-190 ms a fan_out against ~70 ms this way, on the
