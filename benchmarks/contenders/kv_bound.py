@@ -342,7 +342,7 @@ def agents_bound(
 
 
 def recompute_attention(tokens: int, memories: list[int], shared: int) -> float:
-    """The least attention (units of `Profile.step_time`) of computing `tokens` of `memories` again.
+    """The least attention (`StepShape.prefill_attn_units`) of computing `tokens` again.
 
     A prefix cache reuses only a prefix of a context (vLLM hashes each block with
     the blocks before it), so what an agent computes again is a suffix of its
