@@ -272,17 +272,14 @@ class DecodeCap:
             The cap itself when `left` is unknown or fits under it; otherwise
             the smallest size of `left // cap` equal waves (between the cap and
             twice the cap: all of what is left when that is under two caps), or,
-            when the engine is known to decode slower at that size, or when two
-            waves or more are left and that size is past the cap's grid level,
-            the size of one more wave when that stays at the cap's level (just
-            under the cap: 30 left at a cap of 16 go as 15 and 15; 64 at 23 as
-            three of 22), else the cap.
+            when the engine is known to decode slower at that size, the size of
+            one more wave when that stays at the cap's grid level (just under
+            the cap: 30 left at a cap of 16 go as 15 and 15).
 
         Example:
             ```python
             assert DecodeCap(ceiling=256, start=16).wave(100) == 17   # 6 waves: 17 x 4 + 16 x 2
             assert DecodeCap(ceiling=256, start=16).wave(20) == 20    # all at once
-            assert DecodeCap(ceiling=256, start=23).wave(64) == 22    # at 23's level
             ```
         """
         cap = self.limit
@@ -290,16 +287,10 @@ class DecodeCap:
             return cap
         waves = left // cap
         size = -(-left // waves)
-        # Past the cap's grid level only for the last waves of a run: a job of
-        # repeated runs (a simulation's ticks) would otherwise run every wave a
-        # level above the cap, and the cap's own level would never be measured.
-        above = waves > 1 and _index(size / self._engines) > self._k
-        if above or self.slower_at(size):
+        if self.slower_at(size):
             smaller = -(-left // (waves + 1))
             if _index(smaller / self._engines) >= self._k:  # the cap's level, not below the knee
                 size = smaller
-            elif above:
-                size = cap
         return min(size, self._ceiling)
 
     def slower_at(self, concurrency: float) -> bool:

@@ -51,13 +51,11 @@ class Engine:
         self.generated = 0.0
         self.prefill = 0.0
         self.limits: list[int] = []
-        self.left: int | None = None
-        """Siblings a fan_out run has left: the engine runs `cap.wave(left)` (None: the cap)."""
         cap.observe(0.0, generated=0.0, prefill=0.0, in_flight=1.0, busy=True, bound=True)
 
     def run(self, samples: int, *, prefill: Callable[[int], float] = lambda i: 0.0) -> None:
         for i in range(samples):
-            b = min(self.cap.wave(self.left), self.demand)
+            b = min(self.cap.limit, self.demand)
             computed = prefill(i)
             decode_s = self.dt - computed * self.c
             assert decode_s > 0
@@ -254,20 +252,6 @@ def test_a_tie_after_a_step_down_settles_there() -> None:
     assert engine.settled() == 16
     assert engine.limits[-20:] == [16] * 20  # it stays there
     assert min(engine.limits) == 16  # and never looked lower
-
-
-def test_repeated_runs_measure_the_cap_s_own_level() -> None:
-    # A simulation's ticks: a fan_out of 64 siblings, again and again. Slow start
-    # steps from 16 to 23; rounded into two waves of 32 the engine would run a
-    # level above the cap, which would then never be judged. Three waves of 22
-    # measure 23, and the cap steps back to 16 where 16 decodes faster.
-    cap = DecodeCap(ceiling=256, start=16)
-    engine = Engine(cap, h100(15000))
-    engine.left = 64
-    engine.run(30)
-    assert 23 in engine.limits
-    assert engine.settled() == 16
-    assert DecodeCap(ceiling=256, start=23).wave(64) == 22
 
 
 def test_steps_down_to_a_lower_level_measured_better() -> None:
