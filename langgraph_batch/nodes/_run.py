@@ -29,6 +29,7 @@ from langgraph_batch._loop import BackgroundLoop
 from langgraph_batch._observe import sinks
 from langgraph_batch._observe.progress import FAN_OUT_EVENT, fan_out_event
 from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._direct import DirectLambda
 from langgraph_batch.nodes._spec import FanOutSpec
 from langgraph_batch.pricing import CostCallback, CostMeter
 from langgraph_batch.scheduler import KVLedger, ledger_of
@@ -319,7 +320,8 @@ def read_items(spec: FanOutSpec, state: Any) -> list[Any]:
             f"got {type(seq).__name__}"
         )
     items = list(seq)
-    if spec.make_input is None:
+    if spec.make_input is None and not isinstance(spec.subgraph, DirectLambda):
+        # A graph takes a mapping; a plain function takes whatever the item is.
         for i, item in enumerate(items):
             if not isinstance(item, Mapping):
                 raise TypeError(

@@ -79,7 +79,7 @@ class FanOutSpec:
     into: str
     """The state key that receives the results, in input order."""
     make_input: Callable[[Any, int], Any] | None = None
-    """`(item, index) -> sibling input` (None: the item, a mapping)."""
+    """`(item, index) -> sibling input` (None: the item; a mapping, for a graph)."""
     result: Callable[[Any], Any] | None = None
     """`final sibling state -> value` to collect (None: the final state)."""
     on_error: Literal["collect", "raise"] = "collect"
@@ -104,7 +104,10 @@ class FanOutSpec:
     def __post_init__(self) -> None:
         if not callable(getattr(self.subgraph, "ainvoke", None)):
             got = type(self.subgraph)
-            raise TypeError(f"fan_out needs a compiled graph or Runnable with ainvoke, got {got!r}")
+            raise TypeError(
+                f"fan_out needs a compiled graph, a Runnable with ainvoke or a function, "
+                f"got {got!r}"
+            )
         items = self.items
         if isinstance(items, str):
             if not items:

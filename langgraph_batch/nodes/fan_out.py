@@ -73,6 +73,7 @@ from langgraph_batch._context import SiblingInfo, current_sibling, sibling_scope
 from langgraph_batch._estimates import KV_HEADROOM
 from langgraph_batch._loop import background_loop
 from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._direct import DirectLambda, as_sibling_runnable
 from langgraph_batch.nodes._remote import SiblingExecutor, run_remote
 from langgraph_batch.nodes._results import ERR, OK, SiblingError, collect_results
 from langgraph_batch.nodes._run import (
@@ -146,7 +147,7 @@ class FanOutNode(RunnableLambda[Any, dict[str, Any]]):
             ValueError: as `fan_out`.
         """
         if spec is None:
-            spec = FanOutSpec(subgraph=subgraph, **options)
+            spec = FanOutSpec(subgraph=as_sibling_runnable(subgraph), **options)
         elif subgraph is not None or options:
             raise TypeError("FanOutNode takes a spec or a subgraph and its options, not both")
         self.spec = spec
@@ -381,7 +382,9 @@ def _build_inner(spec: FanOutSpec, subgraph: Any) -> Any:
         return _sibling_finished(run, info, value)
 
     builder = StateGraph(_InnerState)
-    builder.add_node("sibling", RunnableLambda(sibling_sync, afunc=sibling, name="sibling"))
+    # Called directly (`_direct`): RunnableLambda's per-call work delays every
+    # sibling's first model call; the task's own run is the sibling's trace.
+    builder.add_node("sibling", DirectLambda(sibling_sync, afunc=sibling, name="sibling"))
     builder.add_conditional_edges(START, dispatch, ["sibling"])
     return builder.compile(name=f"{getattr(subgraph, 'name', None) or 'fan_out'}_siblings")
 
@@ -473,12 +476,15 @@ def fan_out(
     Args:
         subgraph: any compiled graph (a `create_agent` / `create_react_agent`
             agent, a compiled `StateGraph`, another graph with a `fan_out`),
-            or any Runnable with `ainvoke`.
+            any Runnable with `ainvoke`, or a plain function, async or sync,
+            taking the sibling's input (and `config`, when it names it), as a
+            `Send` target would: it is called directly, without
+            `RunnableLambda`'s per-call work.
         items: the state key holding the items, or `callable(state) -> sequence`.
         into: the state key that receives the list of results, in input order.
             Give it no reducer (or one that accepts a list) in the parent state.
         make_input: `(item, index) -> sibling input`; default: the item itself,
-            which must then be a mapping.
+            which must then be a mapping (any item, for a plain function).
         result: `final_sibling_state -> value` to collect; default: the final state.
         on_error: `"collect"` (a `SiblingError` takes the failed sibling's
             place) or `"raise"` (`SiblingFailedError` once every sibling has
@@ -522,7 +528,7 @@ def fan_out(
         A `FanOutNode` to add with `builder.add_node("name", node)`.
 
     Raises:
-        TypeError: if `subgraph` cannot be invoked asynchronously, `items` is
+        TypeError: if `subgraph` is neither a Runnable nor a function, `items` is
             neither a key nor a callable, `make_input`/`result` is not
             callable, or `scheduler` is not a Scheduler or a name.
         ValueError: for a bad `into`, `on_error`, `max_active`, `name`,
@@ -551,7 +557,7 @@ def fan_out(
     """
     return FanOutNode(
         spec=FanOutSpec(
-            subgraph=subgraph,
+            subgraph=as_sibling_runnable(subgraph),
             items=items,
             into=into,
             make_input=make_input,

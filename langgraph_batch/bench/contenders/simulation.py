@@ -11,8 +11,8 @@ waits on the world update as a tool-calling agent waits on its tool.
   to a node calling `ChatOpenAI` (`max_concurrency` in the run config for
   the bounded ones), as the LangGraph docs teach a map step.
 - `langgraph-batch`: the `agents` step is a `fan_out` over the agents (the same
-  agent function, as a `RunnableLambda`), with `BatchedChatModel` and the
-  library's defaults; nothing else changes.
+  agent function), with `BatchedChatModel` and the library's defaults; nothing
+  else changes.
 
 Each agent is a "sibling" of the report: it starts at the first tick and is
 done with its last action; its model calls are in the timeline.
@@ -127,7 +127,7 @@ def build(job: dict[str, Any], llm: Any, *, fan_out_agents: bool) -> Any:
         from langgraph_batch.nodes.fan_out import fan_out
 
         agents = fan_out(
-            _agent_runnable(llm, ticks),
+            _agent_function(llm, ticks),
             items="memories",
             into="fan_actions",
             make_input=_agent_input,
@@ -157,18 +157,18 @@ def _agent_input(memory: list[AnyMessage], index: int) -> dict[str, Any]:
     return {"index": index, "messages": memory, "tick": tick}
 
 
-def _agent_runnable(llm: Any, ticks: int) -> Any:
-    # The same function the naive contenders `Send` to, as a Runnable: a one-node
-    # compiled subgraph would add LangGraph's own pregel loop per agent and tick
-    # (64 no-op siblings: ~150-190 ms a fan_out against ~70 ms this way, on the
-    # 2-core benchmark machine; benchmarks/results/experiments/long_horizon_policies.md).
-    from langchain_core.runnables import RunnableLambda
-
+def _agent_function(llm: Any, ticks: int) -> Any:
+    # The function the naive contenders `Send` to, given to fan_out as it is (fan_out
+    # calls a plain function directly). A one-node compiled subgraph would add
+    # LangGraph's own pregel loop per agent and tick, a `RunnableLambda` its per-call
+    # signature checks and traced run: 64 no-op siblings took ~150-190 ms a fan_out
+    # and ~70 ms that way on the 2-core benchmark machine
+    # (benchmarks/results/experiments/long_horizon_policies.md).
     async def decide(state: _AgentState) -> dict[str, Any]:
         msg = await act(llm, state["index"], state["messages"], state["tick"] >= ticks)
         return {"action": msg}
 
-    return RunnableLambda(decide, name="agent")
+    return decide
 
 
 def main() -> None:
