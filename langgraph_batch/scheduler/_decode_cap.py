@@ -274,7 +274,14 @@ class DecodeCap:
             twice the cap: all of what is left when that is under two caps), or,
             when the engine is known to decode slower at that size, the size of
             one more wave when that stays at the cap's grid level (just under
-            the cap: 30 left at a cap of 16 go as 15 and 15).
+            the cap: 30 left at a cap of 16 go as 15 and 15). Never above the
+            cap's grid level while that level is not measured since the cap
+            moved there (the start level counts as measured): then equal waves
+            at the cap's level, or the cap itself. Rounding up past an
+            unmeasured cap would keep it from ever being judged: every tick of
+            a simulation is a new run with all its siblings left, so slow
+            start's step to 23 ran every tick as two waves of 32 and stayed
+            there (W9).
 
         Example:
             ```python
@@ -287,11 +294,24 @@ class DecodeCap:
             return cap
         waves = left // cap
         size = -(-left // waves)
-        if self.slower_at(size):
-            smaller = -(-left // (waves + 1))
-            if _index(smaller / self._engines) >= self._k:  # the cap's level, not below the knee
-                size = smaller
+        smaller = -(-left // (waves + 1))  # one more wave: at most the cap
+        at_level = _index(smaller / self._engines) >= self._k  # not below the cap's level
+        if _index(size / self._engines) > self._k and not self._measured_here():
+            return smaller if at_level else cap
+        if self.slower_at(size) and at_level:
+            size = smaller
         return min(size, self._ceiling)
+
+    def _measured_here(self) -> bool:
+        """Whether the cap's level has been measured since the cap moved there.
+
+        The start level counts as measured: it is the prior the rounding was
+        designed around, and a fresh scheduler's first runs keep their equal waves.
+        """
+        if not self.moves:
+            return True
+        level = self._levels.get(self._k)
+        return level is not None and level.fresh >= _SETTLE
 
     def slower_at(self, concurrency: float) -> bool:
         """Whether decode at `concurrency` is known to be slower than at the cap now.

@@ -289,6 +289,11 @@ def test_the_cap_is_learned_per_engine_and_applies_to_all() -> None:
     assert 92 in limits  # 23 per engine, tried and left
     assert cap.throughput(64) == pytest.approx(4 * four(16), rel=1e-6)
     assert cap.throughput(2) is None  # under one request per engine
+    for _ in range(2):  # the cap's level measured since its last move (a probe's return)
+        t += 0.5
+        gen += 4 * four(16) * 0.5
+        cap.observe(t, generated=gen, prefill=0, in_flight=64, busy=True, bound=True, engines=4)
+    assert cap.limit == 64
     assert cap.wave(100) == 100  # under two caps: at once
     # A replica drops out of the counters: a new baseline, no bogus interval.
     moves = cap.moves
@@ -311,6 +316,29 @@ def test_wave_rounds_what_is_left_into_equal_waves() -> None:
     assert cap.wave(32) == 16
     assert cap.wave(100) == 17  # six waves, none small
     assert DecodeCap(ceiling=24, start=16).wave(31) == 24
+
+
+def test_wave_stays_at_a_cap_not_measured_since_it_moved() -> None:
+    # W9's fault: slow start stepped to 23; with all 64 of every tick's run left,
+    # rounding up ran two waves of 32, level 23 was never measured and the cap
+    # never judged again. Until its level is measured, the rounding stays there.
+    cap = DecodeCap(ceiling=256, start=16)
+    engine = Engine(cap, linear_until(23), demand=64)
+    engine.run(2)  # 16 measured and paid: slow start steps to 23
+    assert cap.limit == 23
+    assert cap.wave(64) == 22  # three waves at 23's level, not two of 32
+    assert cap.wave(40) == 20  # two waves of 20: still 23's level
+    assert cap.wave(36) == 23  # two of 18 would be below its level: the cap itself
+    engine.run(2)  # 23 measured and paid: on to 32
+    assert cap.limit == 32
+    engine.run(2)  # 32 no better: back to 23, which is not measured since
+    assert cap.limit == 23
+    assert not cap.in_slow_start
+    assert cap.wave(40) == 20
+    engine.run(2)
+    assert cap.limit == 23
+    assert cap.wave(40) == 40  # measured, and 32 decodes as fast: under two caps, at once
+    assert cap.wave(64) == 32  # two equal waves, 32 measured no slower
 
 
 def test_wave_rounds_down_where_bigger_batches_decode_slower() -> None:
