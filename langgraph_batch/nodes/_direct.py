@@ -4,7 +4,8 @@
 a traced child run and starts a task for every call. A fan_out of 64 siblings
 pays that twice per sibling (the inner graph's `sibling` node, and a user's
 function), ~0.4 ms each on the 2-core benchmark machine, all of it before the
-first model call of the round: W9's ticks waited ~25 ms for it
+sibling's first model call: in a harness of W9's graph, a tick's first model
+call came ~95 ms after the last answer with it and ~28 ms without
 (`benchmarks/results/experiments/long_horizon_policies.md`).
 
 `DirectLambda` is a `RunnableLambda` (LangGraph's xray still finds graphs among
@@ -27,6 +28,7 @@ from langchain_core.runnables.config import (
     run_in_executor,
     var_child_runnable_config,
 )
+from langchain_core.runnables.utils import is_async_callable
 
 __all__ = ("DirectLambda", "as_sibling_runnable")
 
@@ -53,7 +55,7 @@ class DirectLambda(RunnableLambda[Any, Any]):
         """Wrap `func` (sync), `afunc` (async), or both; see `RunnableLambda`."""
         if func is None and afunc is None:
             raise TypeError("DirectLambda needs a function")
-        if func is not None and inspect.iscoroutinefunction(func):
+        if func is not None and is_async_callable(func):  # async def, or async __call__
             func, afunc = None, func
         if func is not None:
             super().__init__(func, afunc=afunc, name=name)

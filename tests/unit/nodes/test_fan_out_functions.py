@@ -108,6 +108,17 @@ async def test_direct_lambda_async_call_of_a_sync_function_runs_in_a_thread() ->
     assert threads[0] is not threading.current_thread()
 
 
+async def test_an_object_with_an_async_call_is_awaited_not_run_in_a_thread() -> None:
+    class Agent:
+        async def __call__(self, x: int) -> int:
+            await asyncio.sleep(0)
+            return x + 1
+
+    assert await DirectLambda(Agent()).ainvoke(1) == 2
+    node = fan_out(Agent(), items="xs", into="out")
+    assert (await parent_graph(node).ainvoke({"xs": [1, 2]}))["out"] == [2, 3]
+
+
 def test_direct_lambda_sync_call_of_an_async_function_is_refused() -> None:
     async def agent(x: int) -> int:
         return x
