@@ -308,10 +308,7 @@ class DecodeCap:
         The start level counts as measured: it is the prior the rounding was
         designed around, and a fresh scheduler's first runs keep their equal waves.
         """
-        if not self.moves:
-            return True
-        level = self._levels.get(self._k)
-        return level is not None and level.fresh >= _SETTLE
+        return not self.moves or self._power(self._k, since_move=True) is not None
 
     def slower_at(self, concurrency: float) -> bool:
         """Whether decode at `concurrency` is known to be slower than at the cap now.

@@ -67,20 +67,24 @@ def test_fan_out_over_a_sync_function_in_a_sync_graph() -> None:
 
 async def test_each_sibling_reaches_its_function_before_the_next_starts() -> None:
     # The inner `sibling` node and the user's function are called directly: no
-    # task between a sibling's start and its first await, so the first sibling's
-    # model call is made before the 64th sibling has even started. Through
-    # RunnableLambda every sibling started first (it yields at every layer).
+    # task between a sibling's start (its input built) and its function, so the
+    # first sibling's model call is made before the next sibling has started.
+    # Through RunnableLambda every sibling started first (it yields at every layer).
     order: list[str] = []
+
+    def start(x: int, i: int) -> int:
+        order.append(f"start {i}")
+        return x
 
     async def agent(x: int) -> int:
         order.append(f"call {x}")
         await asyncio.sleep(0)
         return x
 
-    node = fan_out(agent, items="xs", into="out", make_input=lambda x, i: x)
+    node = fan_out(agent, items="xs", into="out", make_input=start)
     await parent_graph(node).ainvoke({"xs": list(range(8))})
-    assert order[:2] == ["call 0", "call 1"]
-    assert len(order) == 8
+    assert order[:3] == ["start 0", "call 0", "start 1"]
+    assert sorted(order) == sorted(f"{step} {i}" for step in ("start", "call") for i in range(8))
 
 
 def test_direct_lambda_passes_config_only_when_the_function_names_it() -> None:
