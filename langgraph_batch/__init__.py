@@ -34,34 +34,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from langgraph_batch._observe.progress import render_progress
 from langgraph_batch._version import __version__
-from langgraph_batch.chat_model import BatchedChatModel
-from langgraph_batch.errors import (
-    BackendAuthenticationError,
-    BackendBadRequestError,
-    BackendConnectionError,
-    BackendError,
-    BackendRateLimitError,
-    BackendServerError,
-    BackendStreamError,
-    BackendTimeoutError,
-    BatchTimeoutError,
-    ContextLengthExceededError,
-    LangGraphBatchError,
-    MalformedToolCallError,
-    ModelNotFoundError,
-    SchedulerClosedError,
-    SchedulerDeadError,
-    SchedulerError,
-    SiblingFailedError,
-)
-from langgraph_batch.nodes import SiblingError, fan_out
-from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
-from langgraph_batch.tools import BatchToolNode, coalesce, tool_stats
 
 if TYPE_CHECKING:
-    from langgraph_batch.tools import BatchMiddleware
+    from langgraph_batch._observe.progress import render_progress
+    from langgraph_batch.chat_model import BatchedChatModel
+    from langgraph_batch.errors import (
+        BackendAuthenticationError,
+        BackendBadRequestError,
+        BackendConnectionError,
+        BackendError,
+        BackendRateLimitError,
+        BackendServerError,
+        BackendStreamError,
+        BackendTimeoutError,
+        BatchTimeoutError,
+        ContextLengthExceededError,
+        LangGraphBatchError,
+        MalformedToolCallError,
+        ModelNotFoundError,
+        SchedulerClosedError,
+        SchedulerDeadError,
+        SchedulerError,
+        SiblingFailedError,
+    )
+    from langgraph_batch.nodes import SiblingError, fan_out
+    from langgraph_batch.scheduler import BatchPolicy, RetryPolicy, Scheduler
+    from langgraph_batch.tools import BatchMiddleware, BatchToolNode, coalesce, tool_stats
 
 __all__ = (
     "BackendAuthenticationError",
@@ -107,16 +106,52 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # BatchMiddleware needs the optional `langchain` package (create_agent):
-    # import it on first use so the core install does not require it.
-    if name == "BatchMiddleware":
-        from langgraph_batch.tools import BatchMiddleware
+# Where each public name lives. The top level imports none of them until first
+# use, so a process that needs one part (the emulator server, a worker) does not
+# pay for LangChain's import (~2.5 s of CPU on 2 cores).
+_HOMES = {
+    "render_progress": "langgraph_batch._observe.progress",
+    "BatchedChatModel": "langgraph_batch.chat_model",
+    "SiblingError": "langgraph_batch.nodes",
+    "fan_out": "langgraph_batch.nodes",
+    "BatchPolicy": "langgraph_batch.scheduler",
+    "RetryPolicy": "langgraph_batch.scheduler",
+    "Scheduler": "langgraph_batch.scheduler",
+    # BatchMiddleware needs the optional `langchain` package (create_agent).
+    "BatchMiddleware": "langgraph_batch.tools",
+    "BatchToolNode": "langgraph_batch.tools",
+    "coalesce": "langgraph_batch.tools",
+    "tool_stats": "langgraph_batch.tools",
+    "BackendAuthenticationError": "langgraph_batch.errors",
+    "BackendBadRequestError": "langgraph_batch.errors",
+    "BackendConnectionError": "langgraph_batch.errors",
+    "BackendError": "langgraph_batch.errors",
+    "BackendRateLimitError": "langgraph_batch.errors",
+    "BackendServerError": "langgraph_batch.errors",
+    "BackendStreamError": "langgraph_batch.errors",
+    "BackendTimeoutError": "langgraph_batch.errors",
+    "BatchTimeoutError": "langgraph_batch.errors",
+    "ContextLengthExceededError": "langgraph_batch.errors",
+    "LangGraphBatchError": "langgraph_batch.errors",
+    "MalformedToolCallError": "langgraph_batch.errors",
+    "ModelNotFoundError": "langgraph_batch.errors",
+    "SchedulerClosedError": "langgraph_batch.errors",
+    "SchedulerDeadError": "langgraph_batch.errors",
+    "SchedulerError": "langgraph_batch.errors",
+    "SiblingFailedError": "langgraph_batch.errors",
+}
 
-        return BatchMiddleware
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
     home = _MOVED.get(name)
     if home is not None:
-        import importlib
         import warnings
 
         warnings.warn(
@@ -126,3 +161,7 @@ def __getattr__(name: str) -> Any:
         )
         return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

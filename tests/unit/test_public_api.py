@@ -50,6 +50,28 @@ def test_every_exported_name_resolves() -> None:
         assert getattr(langgraph_batch, name) is not None, name
 
 
+def test_the_top_level_imports_its_parts_on_first_use() -> None:
+    """`import langgraph_batch.emulator` (the emulator server, started by every
+    integration test) does not import LangChain; a name is its home's object."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, langgraph_batch.emulator; "
+        "print(sorted(m for m in ('langchain_core', 'langgraph') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    from langgraph_batch.errors import SchedulerDeadError
+    from langgraph_batch.nodes import fan_out
+
+    assert langgraph_batch.fan_out is fan_out
+    assert langgraph_batch.SchedulerDeadError is SchedulerDeadError
+    assert set(dir(langgraph_batch)) >= EXPECTED_TOP_LEVEL
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = langgraph_batch.no_such_name
+
+
 def test_lazy_batch_middleware_is_the_tools_class() -> None:
     from langgraph_batch.tools._middleware import BatchMiddleware
 
