@@ -5,7 +5,9 @@ a node is killed (SIGKILL to the group: raylet, agents and its actors' worker
 processes) and the cluster stopped by the process groups this file started,
 never by `ray stop` (which would stop other people's clusters on the machine).
 Every node gets `--num-cpus 1`, a small object store, no dashboard, and a
-temp dir of its own under the test's tmp dir.
+temp dir of its own under a short directory of /tmp: Ray's Unix sockets live
+there, and a path of pytest-xdist's (`.../popen-gw1/...`) passes the 107 bytes
+AF_UNIX allows.
 
 Ray resolves 127.0.0.1 to the machine's routable address; 127.0.0.2 is a
 loopback address it keeps, so the cluster listens on loopback only.
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,8 @@ class RayCluster:
         worker_ip: str = NODE_IP,
     ) -> None:
         self.tmp = tmp
+        self.sockets = Path(tempfile.mkdtemp(prefix="lgb-ray-"))
+        """The nodes' `--temp-dir`s (Ray's sockets): short, removed by `stop`."""
         self.port = free_port()
         self.gcs_redis = gcs_redis
         """`host:port` of an external Redis that keeps the GCS's state (GCS fault tolerance)."""
@@ -111,7 +117,7 @@ class RayCluster:
                 "--temp-dir",
                 # A fresh one on restart: `ray start --head` refuses a port that the temp
                 # dir's last cluster used while a live node (its raylet) still names it.
-                str(self.tmp / f"head{self.head_starts or ''}"),
+                str(self.sockets / f"head{self.head_starts or ''}"),
                 "--ray-client-server-port",
                 str(free_port()),
                 "--system-config",
@@ -144,7 +150,7 @@ class RayCluster:
         n = len(self.workers)
         self.workers.append(
             self._start(
-                ["--address", self.address, "--temp-dir", str(self.tmp / f"node{n}")],
+                ["--address", self.address, "--temp-dir", str(self.sockets / f"node{n}")],
                 f"node{n}",
                 ip=self.worker_ip,
             )
@@ -215,6 +221,7 @@ class RayCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
         self._kill_strays(f"{self.tmp}/")
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
     @staticmethod
     def _strays(marker: str) -> list[Any]:
