@@ -25,6 +25,7 @@ from langgraph_batch.chat_model import _tokens
 from langgraph_batch.nodes import SiblingAdmission, fan_out
 from langgraph_batch.record._format import LLMCall, shared_prefix
 from langgraph_batch.scheduler import BatchPolicy, KVLedger
+from tests._parse import parse_source
 
 PACKAGE = Path(_estimates.__file__).resolve().parent
 
@@ -103,7 +104,7 @@ def test_no_other_module_defines_an_estimate_constant() -> None:
     for path in PACKAGE.rglob("*.py"):
         if path.name == "_estimates.py":
             continue
-        for node in ast.parse(path.read_text()).body:
+        for node in parse_source(path.read_text()).body:
             targets = node.targets if isinstance(node, ast.Assign) else []
             if isinstance(node, ast.AnnAssign):
                 targets = [node.target]

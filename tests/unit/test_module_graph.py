@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests._parse import parse_source
+
 PACKAGE = Path(__file__).resolve().parents[2] / "langgraph_batch"
 
 MAX_LINES = 600
@@ -45,7 +47,7 @@ def _named_module(node: ast.AST) -> str | None:
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
+    tree = parse_source(path.read_text())
     found: set[str] = set()
     for node in ast.walk(tree):
         if (named := _named_module(node)) is not None:
@@ -116,7 +118,9 @@ def test_the_graph_reader_sees_imports() -> None:
     source = (PACKAGE / "tools" / "__init__.py").read_text()
     assert "if TYPE_CHECKING:\n    from langgraph_batch.tools._middleware" in source
     assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
-    tree = ast.parse('sys.modules.get("x.y")\nimportlib.import_module("x.z")\nsys.modules["x.w"]')
+    tree = parse_source(
+        'sys.modules.get("x.y")\nimportlib.import_module("x.z")\nsys.modules["x.w"]'
+    )
     assert {_named_module(n) for n in ast.walk(tree)} - {None} == {"x.y", "x.z", "x.w"}
 
 
@@ -199,7 +203,7 @@ def test_the_demo_and_the_bench_are_applications_on_top_of_the_library() -> None
     }
     assert importers == {"langgraph_batch.cli"}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert (node.module or "").split(".")[0] != "benchmarks", name
             elif isinstance(node, ast.Import):

@@ -13,6 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from langgraph_batch import BatchedChatModel
+from tests._parse import parse_source
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -53,9 +54,11 @@ def _constructor_calls(markdown: str) -> list[str]:
     calls: list[str] = []
     for code in re.findall(r"```python\n(.*?)```", markdown, re.S):
         try:
-            tree = ast.parse(code)
+            tree = parse_source(code)
         except SyntaxError:  # top-level await: parse it inside a coroutine
-            tree = ast.parse("async def _():\n" + "\n".join("    " + ln for ln in code.split("\n")))
+            tree = parse_source(
+                "async def _():\n" + "\n".join("    " + ln for ln in code.split("\n"))
+            )
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Call)
@@ -76,7 +79,7 @@ def test_mypy_strict_accepts_the_doc_constructor_calls(tmp_path: Path) -> None:
     assert _constructor_calls((REPO / "README.md").read_text()), "the README's example"
     names: set[str] = set()
     for call in calls:
-        for node in ast.walk(ast.parse(call)):
+        for node in ast.walk(parse_source(call)):
             if isinstance(node, ast.Name) and node.id != "BatchedChatModel":
                 names.add(node.id)
     lines = [
