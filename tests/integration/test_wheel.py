@@ -120,9 +120,12 @@ def test_bench_server_and_replay_from_the_wheel_in_an_empty_venv(tmp_path: Path)
     research = [n for n in names if any(w in n.rsplit("/", 1)[-1] for w in RESEARCH_ONLY)]
     assert research == [], research
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 120)
+    # No pip inside it (ensurepip costs ~10 s): the test's own pip installs into it
+    # (`--python`), without compiling bytecode (which the run's imports write anyway).
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env, 120)
     py, cli = venv / "bin" / "python", venv / "bin" / "langgraph-batch"
-    _run([str(py), "-m", "pip", "install", "-q", f"{wheel}[bench]"], tmp_path, env, 400)
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-compile",
+          f"{wheel}[bench]"], tmp_path, env, 400)  # fmt: skip
     work = tmp_path / "work"  # no checkout here, none on the path
     work.mkdir()
     where = _run([str(py), "-c", "import langgraph_batch; print(langgraph_batch.__file__)"],
