@@ -30,6 +30,8 @@ from langgraph_batch.nodes import SiblingError, fan_out
 
 MODEL = "emulated-llama-3-8b"
 TURNS = 3
+ORDER = ["blocker", "p-3", "p1", "p3", "p5"]
+"""The order the engine must finish them in: lower priority values sooner."""
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])
@@ -49,7 +51,8 @@ async def test_the_engine_runs_the_most_urgent_request_first(
     done: list[str] = []
 
     def request(name: str, priority: int) -> ChatRequest:
-        tokens = 400 if name == "blocker" else 8  # ~0.5 s of decode at time scale 5
+        # ~0.5 s of decode at time scale 5; each answer's length names it at the engine
+        tokens = 400 if name == "blocker" else 8 + ORDER.index(name)
         return ChatRequest(
             model=MODEL,
             messages=[{"role": "user", "content": f"{name} words to echo back"}],
@@ -74,8 +77,16 @@ async def test_the_engine_runs_the_most_urgent_request_first(
         await running.wait()
         queued = [asyncio.create_task(run(f"p{p}", p)) for p in (5, 1, -3, 3)]
         await asyncio.gather(blocker, *queued)
-    # Ours: lower runs sooner (the SGLang backend sends the negation).
-    assert done == ["blocker", "p-3", "p1", "p3", "p5"]
+    assert sorted(done) == sorted(ORDER)
+    # Ours: lower runs sooner (the SGLang backend sends the negation). The order
+    # is the engine's: a loaded client may take in the blocker's 400-chunk
+    # stream after p-3's whole answer.
+    async with httpx.AsyncClient(base_url=url) as client:
+        phases = (await client.get("/emulator/requests")).json()
+    finish = phases["fields"].index("finish")
+    rows = sorted(phases["requests"], key=lambda row: row[finish])
+    by_length = {400 if n == "blocker" else 8 + ORDER.index(n): n for n in ORDER}
+    assert [by_length[row[-1]] for row in rows] == ORDER, rows
 
 
 def stats(url: str) -> dict[str, Any]:
