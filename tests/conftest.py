@@ -81,15 +81,18 @@ def _declared_length(item: pytest.Item) -> float:
     return declared + (1000.0 if item.get_closest_marker("slow") is not None else 0.0)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order and group the run for pytest-xdist (`make test` runs `-n 3 --dist loadgroup`).
 
-    - The long tests (marked `slow`, or with a `timeout` mark of their own) start
-      first, so that no worker is left with one at the end while the others idle.
+    - Under xdist, the long tests (marked `slow`, or with a `timeout` mark of
+      their own) start first, so that no worker is left with one at the end
+      while the others idle. A run in one process keeps the files' order (the
+      engine tier reuses its servers from one test to the next).
     - Every test of the shared Ray cluster goes to one worker (`xdist_group`),
       so the session starts one cluster.
     """
-    items.sort(key=_declared_length, reverse=True)
+    if hasattr(config, "workerinput"):  # an xdist worker (each collects, in the same order)
+        items.sort(key=_declared_length, reverse=True)
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("ray"))
