@@ -84,8 +84,15 @@ async def test_sdk_concurrent_requests_all_write(client: Any) -> None:
         )
 
     replies = await asyncio.gather(*(one(i) for i in range(4)))
-    assert all(r.usage.cache_read_input_tokens == 0 for r in replies)
-    assert all(r.usage.cache_creation.ephemeral_1h_input_tokens > 1024 for r in replies)
+    # A request sent before the first response began does not see its entry and
+    # writes its own. On a loaded machine the last of the four may be sent after
+    # that and read the entry; each reply does one or the other, and at least two
+    # wrote (one cache, visible at once, would give one write and three reads).
+    wrote = [r for r in replies if r.usage.cache_creation.ephemeral_1h_input_tokens > 1024]
+    read = [r for r in replies if r.usage.cache_read_input_tokens > 1024]
+    assert len(wrote) + len(read) == 4, [r.usage for r in replies]
+    assert not [r for r in wrote if r.usage.cache_read_input_tokens]
+    assert len(wrote) >= 2, [r.usage for r in replies]
 
 
 async def test_sdk_streams_tool_use_with_usage(client: Any) -> None:

@@ -162,7 +162,7 @@ async def test_a_checkpointed_run_resumes_without_running_finished_siblings(
 ) -> None:
     saver = InMemorySaver()
     config: Any = {"configurable": {"thread_id": "ray-resume"}}
-    jobs = [{"x": i, "sleep": 0.05 if i < 6 else 3.0} for i in range(10)]
+    jobs = [{"x": i, "sleep": 0.05 if i < 6 else 10.0} for i in range(10)]
     graph = parent(executor(cluster), saver)
     finished: list[Any] = []
 
@@ -174,10 +174,13 @@ async def test_a_checkpointed_run_resumes_without_running_finished_siblings(
     task = asyncio.ensure_future(run())
     await until(exec_log, "start", 10)
     # The parent has taken in the 6 quick results (a node's "done" line comes
-    # before that; on a loaded machine, long before).
+    # before that; on a loaded machine, long before). Its record of them is
+    # written after the event, off this task: 2 s more for that, well inside the
+    # slow siblings' 10 s.
     async with asyncio.timeout(60):
         while len(finished) < 6:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
+    await asyncio.sleep(2.0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
