@@ -37,13 +37,13 @@ demo: $(VENV)/.installed
 
 ## Lint, type check, the docs (strict) and the whole suite (unit, standard, integration).
 # The suite runs on TEST_WORKERS pytest-xdist workers: most of its time is
-# subprocesses (emulators, routers, Redis, Ray, benchmark runs) and waits, so 3
-# workers on 2 cores take ~13 min where one took ~26. The long tests start first
+# subprocesses (emulators, routers, Redis, Ray, benchmark runs) and waits, so 2-3
+# workers on 2 cores take ~13-15 min where one took ~26. The long tests start first
 # and the Ray tests share one worker (tests/conftest.py). A hang that escapes
 # pytest-timeout (seen twice, in an event loop's teardown) prints every thread's
 # stack after 120 s (pytest's faulthandler_timeout) and the watchdog then fails
 # the run (SIGINT, then SIGKILL) instead of leaving an idle CI job.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 SUITE_TIMEOUT ?= 1500
 test: $(VENV)/.installed redis-server lint type docs
 	timeout --signal=INT --kill-after=30 $(SUITE_TIMEOUT) $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/engine -n $(TEST_WORKERS) --dist loadgroup
