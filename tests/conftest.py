@@ -82,7 +82,7 @@ def _declared_length(item: pytest.Item) -> float:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order and group the run for pytest-xdist (`make test` runs `-n 3 --dist loadgroup`).
+    """Order and group the run for pytest-xdist (`make test` runs `-n 2 --dist loadgroup`).
 
     - Under xdist, the long tests (marked `slow`, or with a `timeout` mark of
       their own) start first, so that no worker is left with one at the end
