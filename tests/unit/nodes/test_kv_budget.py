@@ -10,7 +10,7 @@ import pytest
 from langgraph_batch._context import SiblingInfo
 from langgraph_batch.backends.base import ChatResponse, Usage
 from langgraph_batch.chat_model._request import record_context as _record_context
-from langgraph_batch.nodes._admission import SiblingAdmission
+from langgraph_batch.nodes._admission import AGENT_BATCH, SiblingAdmission
 from langgraph_batch.nodes._spec import check_gate_options
 from langgraph_batch.scheduler._capacity import KVLedger
 
@@ -592,3 +592,151 @@ async def test_a_sibling_lends_its_place_and_booking_and_takes_them_back() -> No
     assert gate.holds(parent)
     assert not gate.is_paused(parent)
     assert not gate.lend(sib(7))  # a sibling that holds nothing lends nothing
+
+
+async def _three_agents_fill_the_budget(
+    gate: SiblingAdmission, total: int, unfinished: dict[str, int] | None = None
+) -> list[SiblingInfo]:
+    """Three siblings make a first call of 500 tokens each and go to a tool: each books
+    500 + 500 (one turn's growth: the first call's size until a growth is seen).
+    `unfinished["n"]` (default: `total`) is the run's count of unfinished siblings."""
+    count = unfinished if unfinished is not None else {"n": total}
+    sibs = [sib(i) for i in range(total)]
+    for s in sibs:
+        s.left = lambda: count["n"]
+    for s in sibs[:3]:
+        await gate.acquire(s, returning=False)
+        s.admission = gate
+        s.context_tokens = 500
+        await s.tool_enter("build")
+    assert gate.resident_tokens() == 3000
+    return sibs
+
+
+async def test_the_last_cohort_starts_together_over_the_budget() -> None:
+    # Budget 3,000 of a 6,000-token cache, all booked: a fresh sibling (500) does not
+    # fit. The five left are the last cohort, and fit the cache (3,000 + 2,500): they
+    # start at once, and idle siblings outside the cohort are paused to make room.
+    gate = SiblingAdmission(kv_ledger=KVLedger(6000), kv_headroom=0.5, sibling_tokens=500)
+    sibs = await _three_agents_fill_the_budget(gate, total=8)
+    cohort = sibs[3:]
+    for s in cohort:
+        await asyncio.wait_for(gate.acquire(s, returning=False), 1)
+    assert all(s.last_cohort for s in cohort)
+    assert not any(s.last_cohort for s in sibs[:3])
+    stats = gate.stats()
+    assert stats.last_cohort == 5
+    assert stats.resident_tokens <= stats.kv_budget  # the others gave the room back
+    assert sum(gate.is_paused(s) for s in sibs[:3]) == 3
+
+
+async def test_the_last_cohort_is_paused_last() -> None:
+    gate = SiblingAdmission(kv_ledger=KVLedger(6000), kv_headroom=0.5, sibling_tokens=500)
+    s0, s1, s2, s3 = await _three_agents_fill_the_budget(gate, total=4)
+    await asyncio.wait_for(gate.acquire(s3, returning=False), 1)  # a cohort of one
+    assert s3.last_cohort
+    assert gate.is_paused(s2)  # the latest admitted outside it made the room
+    s3.admission = gate
+    s3.context_tokens = 500
+    await s3.tool_enter("build")
+    assert gate.resident_tokens() == 3000
+    # s0's next turn grows it by 1,000: 5,500 booked. s1 (admitted later) goes, then
+    # s0 itself; the cohort, idle too, keeps its booking.
+    await s0.tool_exit()
+    s0.context_tokens = 1500
+    await s0.tool_enter("build")
+    assert gate.is_paused(s1)
+    assert gate.is_paused(s0)
+    assert not gate.is_paused(s3)
+
+
+@pytest.mark.parametrize(
+    ("total", "capacity", "headroom", "tools"),
+    [
+        (20, 6000, 0.5, True),  # 17 not started: more than the last cohort
+        (8, 5000, 0.6, True),  # the five do not fit the cache (3,000 + 2,500 > 5,000)
+        (8, 6000, 0.5, False),  # no sibling went to a tool: not agents of many turns
+    ],
+)
+async def test_fresh_siblings_wait_for_room_outside_the_last_cohort(
+    total: int, capacity: int, headroom: float, tools: bool
+) -> None:
+    gate = SiblingAdmission(kv_ledger=KVLedger(capacity), kv_headroom=headroom, sibling_tokens=500)
+    if tools:
+        sibs = await _three_agents_fill_the_budget(gate, total=total)
+    else:
+        sibs = [sib(i) for i in range(total)]
+        for s in sibs:
+            s.left = lambda: total
+        for s in sibs[:6]:  # six first calls in flight fill the budget (6 x 500)
+            await gate.acquire(s, returning=False)
+        sibs = sibs[3:]  # so that the next one is sibs[3]
+    fresh = asyncio.create_task(gate.acquire(sibs[3], returning=False))
+    await settle()
+    assert not fresh.done()
+    assert gate.stats().last_cohort == 0
+    fresh.cancel()
+
+
+async def test_fresh_siblings_start_as_the_engine_can_take_their_first_calls() -> None:
+    room = {"now": 0}  # the engine's decode batch is full, nothing queued
+    ledger = KVLedger(10_000_000, engine_room=lambda: room["now"])
+    gate = SiblingAdmission(kv_ledger=ledger, sibling_tokens=500)
+    sibs = [sib(i) for i in range(AGENT_BATCH + 2)]
+    waiting = [asyncio.create_task(gate.acquire(s, returning=False)) for s in sibs]
+    await settle()
+    # AGENT_BATCH first calls may wait ahead of the engine's room; the rest wait here,
+    # unbooked, though the cache has room for all.
+    assert sum(t.done() for t in waiting) == AGENT_BATCH
+    assert gate.stats().waiting_fresh == 2
+    # A first answer: that sibling no longer waits on the engine, the next one starts.
+    first = sibs[0]
+    first.admission = gate
+    first.record_context(700)
+    await settle()
+    assert sum(t.done() for t in waiting) == AGENT_BATCH + 1
+    # Room at the engine lets the last one in at once.
+    room["now"] = 1
+    gate.wake()
+    await settle()
+    assert all(t.done() for t in waiting)
+
+
+async def test_a_run_with_no_first_call_outstanding_is_never_paced() -> None:
+    # Another run's queue fills the engine: this run still starts its first sibling, so
+    # its own first answer is what wakes the gate later (no deadlock).
+    ledger = KVLedger(10_000_000, engine_room=lambda: -100)
+    gate = SiblingAdmission(kv_ledger=ledger, sibling_tokens=500)
+    await asyncio.wait_for(gate.acquire(sib(0), returning=False), 1)
+    second = asyncio.create_task(gate.acquire(sib(1), returning=False))
+    await settle()
+    assert not second.done()  # one first call outstanding, far beyond the engine's room
+    # Without the scheduler's word there is no pacing.
+    free = SiblingAdmission(kv_ledger=KVLedger(10_000_000), sibling_tokens=500)
+    for i in range(AGENT_BATCH + 4):
+        await asyncio.wait_for(free.acquire(sib(i), returning=False), 1)
+    second.cancel()
+
+
+async def test_the_last_cohort_also_starts_when_the_engine_paces_it() -> None:
+    # The budget held fresh siblings back earlier; now there is KV room, but the
+    # engine's queue paces fresh starts. The last cohort starts all the same.
+    room = {"now": 100}
+    ledger = KVLedger(6000, engine_room=lambda: room["now"])
+    gate = SiblingAdmission(kv_ledger=ledger, kv_headroom=0.5, sibling_tokens=500)
+    unfinished = {"n": 30}  # 27 not started: more than a cohort
+    sibs = await _three_agents_fill_the_budget(gate, total=8, unfinished=unfinished)
+    blocked = asyncio.create_task(gate.acquire(sibs[3], returning=False))
+    await settle()
+    assert not blocked.done()  # the budget holds it back
+    gate.finish(sibs[0])  # KV room again
+    await asyncio.wait_for(blocked, 1)
+    assert not sibs[3].last_cohort
+    room["now"] = -AGENT_BATCH  # a long queue at the engine: sibs[3]'s first call paces
+    paced = asyncio.create_task(gate.acquire(sibs[4], returning=False))
+    await settle()
+    assert not paced.done()
+    unfinished["n"] = 7  # 4 not started now
+    gate.wake()
+    await asyncio.wait_for(paced, 1)
+    assert sibs[4].last_cohort
