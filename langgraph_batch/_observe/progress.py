@@ -14,11 +14,9 @@ carries `"type": "lgb.fan_out"` plus the counters needed to draw a bar:
  "active": 32, "stats": {...scheduler stats...}}
 ```
 
-The `done` event adds `peak_active` (the most siblings active at once),
+The `done` event adds `peak_active` (the most siblings active at once) and
 `pauses` (how many times a sibling waiting on a tool gave up its KV booking
-because the siblings' contexts outgrew the server's cache) and `last_cohort`
-(how many siblings started together in the run's last cohort, 0 when the
-cache never held fresh ones back). A run with
+because the siblings' contexts outgrew the server's cache). A run with
 `fan_out(..., prices=...)` (or `cost_into=`) adds `cost` to every event: the
 run's usage and cost so far (`langgraph_batch.pricing.CostMeter.summary`),
 which the bar shows in dollars.

@@ -20,26 +20,15 @@ turn adds (`ContextForecast.booking`, learned from the run). Then:
   first. Long waits go first (a wait that outlasted 90% of its tool's calls:
   its KV would sit idle longest; Continuum's TTL, learned per tool), then
   the most recently admitted (the least progress, the smallest context to
-  prefill again), the last cohort last (`_pause_order`). Measured on W8 (64
-  agents of 6-24 turns whose contexts reach ~2.8x the cache): pausing keeps
-  the prefill the server computes within ~1.15x the minimum where booking
-  without pausing admits siblings whose growth later evicts the others'
-  contexts (1.3x-4x, depending on how many decode at once).
+  prefill again). Measured on W8 (64 agents of 6-24 turns whose contexts
+  reach ~2.8x the cache): pausing keeps the prefill the server computes
+  within ~1.15x the minimum where booking without pausing admits siblings
+  whose growth later evicts the others' contexts (1.3x-4x, depending on how
+  many decode at once).
 - A paused sibling coming back from its tool RESUMES only when its booking
   fits again, ahead of fresh siblings; a returning sibling that kept its
   booking is never held back by the budget (its KV is what we want reused),
   only by `max_active`.
-- Fresh siblings start as the engine can take their first calls: while
-  `AGENT_BATCH` of them wait for a first answer beyond the engine's room
-  (`KVLedger.engine_room`), the next waits here, unbooked, not in the
-  scheduler's queue booked.
-- The LAST COHORT starts together. When the budget has held back the fresh
-  siblings of agents (siblings that go to tools), the run ends with the
-  critical paths of those that start last. So once at most `AGENT_BATCH` have
-  not started and their first calls fit the cache itself (not the budget),
-  they start at once, idle siblings outside the cohort are paused to make
-  room (the cohort's own last), and the scheduler sends the cohort's calls
-  first (`SiblingInfo.last_cohort`; `docs/long-horizon.md`).
 
 The order in which admitted siblings' requests reach the engine is the
 scheduler's (`BatchPolicy.priority`, depth-first by default); the engine's
@@ -62,17 +51,11 @@ from langgraph_batch._context import SiblingInfo
 from langgraph_batch._estimates import CONTEXT_TOKENS_PRIOR, KV_HEADROOM
 from langgraph_batch._heartbeat import held
 from langgraph_batch.nodes._forecast import ContextForecast
-from langgraph_batch.nodes._pause_order import pause_order
 from langgraph_batch.scheduler import KVLedger
 
-__all__ = ("AGENT_BATCH", "AdmissionStats", "SiblingAdmission")
+__all__ = ("AdmissionStats", "SiblingAdmission")
 
 logger = logging.getLogger(__name__)
-
-AGENT_BATCH = 16
-"""Fresh siblings let ahead of the engine's room, and the size of a run's last cohort:
-the batch an engine decodes best at agents' contexts (H100, 10k tokens: 1,265 tokens/s
-at 16, 903 at 24)."""
 
 _Waiter = tuple[str, "asyncio.Future[None]", SiblingInfo]
 
@@ -106,8 +89,6 @@ class AdmissionStats:
     """Resident siblings whose booking was given up (their KV may be evicted)."""
     pauses: int = 0
     """Bookings given up so far in this run."""
-    last_cohort: int = 0
-    """Siblings started in the run's last cohort (0: none yet)."""
 
 
 class SiblingAdmission:
@@ -172,12 +153,6 @@ class SiblingAdmission:
         self._resuming: collections.deque[_Waiter] = collections.deque()
         self._peak = 0
         self._pauses = 0
-        self._waking = False
-        self._agents = False  # a resident sibling went to a tool: agents of many turns
-        self._held_back = False  # the budget held a fresh sibling back
-        self._left: Callable[[], int] | None = None  # the run's `SiblingInfo.left`
-        self._cohort_open = False  # the last cohort began: every fresh sibling joins it
-        self._cohort = 0  # siblings started in it
         self.first_resident = asyncio.Event()
         """Set when the first sibling becomes resident (the run has started work)."""
         if kv_ledger is not None:
@@ -245,10 +220,8 @@ class SiblingAdmission:
         """`sibling`'s context moved (a call completed): its booking follows (no-op if none)."""
         sid = sibling.sibling_id
         if sid in self._counted:
-            first = self._uncount(sid) == 0 < sibling.context_tokens
+            self._uncount(sid)
             self._count(sid, sibling.context_tokens)
-            if first and self._fresh:
-                self._wake()  # a first answer: the engine may take another fresh sibling
 
     def _count(self, sid: str, context: int) -> None:
         self._counted[sid] = context
@@ -294,7 +267,6 @@ class SiblingAdmission:
             server_resident_tokens=own if self._ledger is None else self._ledger.resident_tokens(),
             paused=len(self._paused),
             pauses=self._pauses,
-            last_cohort=self._cohort,
         )
 
     # -- the server's capacity -------------------------------------------------
@@ -343,32 +315,7 @@ class SiblingAdmission:
     def _fits_fresh(self) -> bool:
         if self._sizing and (self._booked or self._paused):
             return False  # unsized: one sibling at a time until the capacity is known
-        if self._cohort_open:
-            return True
-        fits = self._fits(self.forecast.fresh_booking())
-        self._held_back |= not fits
-        if fits and not self._paced():
-            return True
-        self._cohort_open = self._last_cohort_fits()
-        return self._cohort_open
-
-    def _paced(self) -> bool:
-        """Whether enough fresh siblings wait for a first answer that the engine has no room for.
-
-        Only while one of them does: its answer (`context_changed`) wakes the gate.
-        """
-        room = None if self._ledger is None else self._ledger.engine_room()
-        return room is not None and 0 < self._new_n >= room + AGENT_BATCH
-
-    def _last_cohort_fits(self) -> bool:
-        """Whether the siblings not started yet are the last cohort, and it fits the cache."""
-        left, ledger = self._left, self._ledger
-        if not (self._agents and self._held_back) or left is None or ledger is None:
-            return False
-        unstarted = left() - len(self._booked) - len(self._paused)
-        if not 0 < unstarted <= AGENT_BATCH:
-            return False
-        return ledger.fits(unstarted * self.forecast.fresh_booking(), headroom=1.0)
+        return self._fits(self.forecast.fresh_booking())
 
     def _fits_resuming(self, sibling: SiblingInfo) -> bool:
         return self._fits(self.forecast.booking(sibling.context_tokens))
@@ -383,12 +330,6 @@ class SiblingAdmission:
             self._admitted[sid] = self._seq
             self._seq += 1
             self.first_resident.set()
-            if self._cohort_open:
-                # The last cohort (`_fits_fresh`), started over the budget: the
-                # idle siblings that are not in it make the room.
-                self._cohort += 1
-                sibling.last_cohort = True
-                self._shed()
         else:
             self.context_changed(sibling)
         self._peak = max(self._peak, len(self._holders))
@@ -407,8 +348,6 @@ class SiblingAdmission:
         sid = sibling.sibling_id
         if sid in self._holders:
             return
-        if self._left is None:
-            self._left = sibling.left
         if returning:
             self._observe_wait(sibling)
         paused = sid in self._paused
@@ -457,7 +396,6 @@ class SiblingAdmission:
             return
         self._holders.discard(sid)
         self._waits[sid] = self._clock()
-        self._agents = True
         self.context_changed(sibling)
         self.forecast.observe_context(sid, sibling.context_tokens, shared=sibling.shared_tokens)
         self._shed()
@@ -520,22 +458,56 @@ class SiblingAdmission:
         over = ledger.resident_tokens() - ledger.budget(self._headroom)
         if over <= 0:
             return
-        idle = pause_order(
-            (s for sid, s in self._booked.items() if sid not in self._holders),
-            now=self._clock(),
-            waits=self._waits,
-            admitted=self._admitted,
-            contexts=self._counted,
-            forecast=self.forecast,
-            tier_room=ledger.offload_room(self._headroom),
-        )
+        now = self._clock()
+        forecast = self.forecast
+        waits = self._waits
+
+        def order(s: SiblingInfo) -> tuple[int, float]:
+            # Long waits first, the longest first (their KV would idle longest);
+            # then the latest admitted (least progress, least to prefill again).
+            elapsed = now - waits.get(s.sibling_id, now)
+            if forecast.long_wait(s.tool_name, elapsed):
+                return (0, -elapsed)
+            return (1, -self._admitted.get(s.sibling_id, 0))
+
+        idle = sorted((s for sid, s in self._booked.items() if sid not in self._holders), key=order)
+        room = ledger.offload_room(self._headroom)
+        if room > 0:
+            idle = self._tier_first(idle, room, order)
         for s in idle:
             if over <= 0:
                 break
             sid = s.sibling_id
-            over -= self.forecast.booking(self._counted.get(sid, s.context_tokens))
+            over -= forecast.booking(self._counted.get(sid, s.context_tokens))
             self._pause(sid, s)
             logger.debug("fan_out: sibling %s paused (its KV booking given up)", sid)
+
+    def _tier_first(
+        self,
+        idle: list[SiblingInfo],
+        room: int,
+        order: Callable[[SiblingInfo], tuple[int, float]],
+    ) -> list[SiblingInfo]:
+        """`idle` with the siblings whose context the server's second tier can take first.
+
+        Their context comes back by a transfer from host memory, not a
+        recompute, so its size no longer argues for pausing the least
+        progressed: among them the largest go first (the most GPU room for
+        one pause, so fewer siblings wait to resume), long waits still ahead.
+        The others follow in `order`.
+        """
+        counted = self._counted
+
+        def ctx(s: SiblingInfo) -> int:
+            return counted.get(s.sibling_id, s.context_tokens)
+
+        first: list[SiblingInfo] = []
+        for s in sorted(idle, key=lambda s: (order(s)[0], -ctx(s))):
+            if 0 < ctx(s) <= room:
+                first.append(s)
+                room -= ctx(s)
+        chosen = {s.sibling_id for s in first}
+        return first + [s for s in idle if s.sibling_id not in chosen]
 
     def _pause(self, sid: str, sibling: SiblingInfo) -> None:
         """Give up `sibling`'s booking; it resumes when its booking fits again."""
@@ -559,19 +531,13 @@ class SiblingAdmission:
                 return
 
     def _wake(self) -> None:
-        if self._waking:
-            return  # called back from a grant: the loop below looks again anyway
-        self._waking = True
-        try:
-            while self._has_room():
-                entry = self._pop_waiter()
-                if entry is None:
-                    return
-                sid, fut, sibling = entry
-                self._grant(sid, sibling)
-                fut.set_result(None)
-        finally:
-            self._waking = False
+        while self._has_room():
+            entry = self._pop_waiter()
+            if entry is None:
+                return
+            sid, fut, sibling = entry
+            self._grant(sid, sibling)
+            fut.set_result(None)
 
     def _pop_waiter(self) -> _Waiter | None:
         while self._returning:

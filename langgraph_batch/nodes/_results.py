@@ -100,7 +100,7 @@ def collect_results(spec: FanOutSpec, run: FanOutRun, out: Mapping[str, Any]) ->
     errors = [r for r in results if isinstance(r, SiblingError)]
     run.done, run.failed = len(results), len(errors)
     gate = run.admission.stats()
-    run.emit("done", peak_active=gate.peak_active, pauses=gate.pauses, last_cohort=gate.last_cohort)
+    run.emit("done", peak_active=gate.peak_active, pauses=gate.pauses)
     if errors and spec.on_error == "raise":
         first = errors[0]
         raise SiblingFailedError(
