@@ -93,9 +93,6 @@ class SiblingInfo:
     node died) is a new attempt (`at_most_once` tools tell the two apart)."""
     calls_seen: dict[str, int] = field(default_factory=dict)
     """How often this attempt made each `at_most_once` call so far (by call key)."""
-    last_cohort: bool = False
-    """Started in its run's last cohort (`SiblingAdmission`): the siblings that
-    decide when the run ends, whose calls the scheduler sends first."""
 
     def retention_hint(self) -> float | None:
         """Seconds this sibling's KV should be kept after its next call (None: unknown).

@@ -20,7 +20,6 @@ import asyncio
 import logging
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from langgraph_batch._estimates import kv_budget
@@ -81,12 +80,7 @@ def positive_tokens(value: object) -> int | None:
     return None
 
 
-def make_ledger(
-    capacity: object,
-    *,
-    offload_capacity: int | None = None,
-    engine_room: Callable[[], int | None] | None = None,
-) -> KVLedger | None:
+def make_ledger(capacity: object, *, offload_capacity: int | None = None) -> KVLedger | None:
     """A ledger for a server of `capacity` tokens (None: the capacity is unknown).
 
     The one constructor call of `KVLedger` in the library: `Scheduler.kv_ledger()`
@@ -94,9 +88,7 @@ def make_ledger(
     scheduler that only says its capacity.
     """
     tokens = positive_tokens(capacity)
-    if tokens is None:
-        return None
-    return KVLedger(tokens, offload_capacity=offload_capacity, engine_room=engine_room)
+    return None if tokens is None else KVLedger(tokens, offload_capacity=offload_capacity)
 
 
 async def ledger_of(scheduler: Any) -> KVLedger | None:
@@ -169,15 +161,9 @@ class KVLedger:
     paused contexts, so a gate knows whether one more paused context would
     come back by transfer (it fits the tier beside the others) or by recompute.
 
-    The scheduler that owns the ledger also says how many more agent calls
-    its engine would take now (`engine_room`): a gate starts fresh siblings
-    only while their first calls would not just wait in the scheduler's queue.
-
     Args:
         capacity: the server's KV cache size in tokens.
         offload_capacity: the server's second tier in tokens (None: none).
-        engine_room: agent calls the engine would take now beyond those in
-            flight and queued (negative: a queue); None: not known.
 
     Example:
         ```python
@@ -187,13 +173,7 @@ class KVLedger:
         ```
     """
 
-    def __init__(
-        self,
-        capacity: int,
-        *,
-        offload_capacity: int | None = None,
-        engine_room: Callable[[], int | None] | None = None,
-    ) -> None:
+    def __init__(self, capacity: int, *, offload_capacity: int | None = None) -> None:
         if positive_tokens(capacity) is None:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         if offload_capacity is not None and positive_tokens(offload_capacity) is None:
@@ -202,7 +182,6 @@ class KVLedger:
             )
         self.capacity = capacity
         self.offload_capacity = offload_capacity
-        self._engine_room = engine_room
         self._members: weakref.WeakKeyDictionary[LedgerMember, asyncio.AbstractEventLoop | None]
         self._members = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -260,11 +239,6 @@ class KVLedger:
             return 0
         held = self.resident_tokens() + self.paused_tokens()
         return max(0, kv_budget(self.offload_capacity, headroom) - held)
-
-    def engine_room(self) -> int | None:
-        """Agent calls the engine would take now, beyond the ones in flight and queued."""
-        room = self._engine_room
-        return None if room is None else room()
 
     def budget(self, headroom: float) -> int:
         """The tokens residents may fill at `headroom` (a share of the capacity)."""

@@ -107,7 +107,6 @@ class PolicyItem:
         "group",
         "held_at",
         "in_batch",
-        "last_cohort",
         "leading",
         "left",
         "payload",
@@ -131,7 +130,6 @@ class PolicyItem:
         prefix: Hashable | None = None,
         left: Callable[[], int] | None = None,
         conversation: Hashable | None = None,
-        last_cohort: bool = False,
     ) -> None:
         self.turn = turn
         """Turns (LLM calls) the caller has completed; more goes first in depth_first."""
@@ -150,8 +148,6 @@ class PolicyItem:
         decode cap is applied; None: not in a fan_out run)."""
         self.conversation = conversation
         """The conversation it continues (`backends.base.conversation_key`), when known."""
-        self.last_cohort = last_cohort
-        """Its sibling started in its run's last cohort: it goes first in depth_first."""
         self.recency = 0
         """When that conversation last had a call complete (set at enqueue; 0: never)."""
         self.leading = False

@@ -19,9 +19,7 @@ orders never disagree.
   every tick defeats LRU (each tick evicts exactly what the next needs
   first); most-recent-first recomputes only what does not fit (measured on
   W9: 16.5M prefill tokens in index order, 6.7-7.4M most-recent-first, the
-  minimum 6.4M). Ahead of every other sibling go those that started in their
-  run's last cohort (`SiblingInfo.last_cohort`, set by the fan_out gate): the
-  run's end waits on them, since they started last with all their turns ahead.
+  minimum 6.4M).
 - `las` (least attained service): the sibling that has had the least
   inference time goes first (fair sharing between siblings).
 - `fifo`: arrival order.
@@ -120,15 +118,8 @@ PriorityKey = Callable[["PolicyItem", AttainedService], float]
 """`key(item, attained) -> float`: lower goes first."""
 
 
-_COHORT_TURNS = 1 << 10
-"""How many turns starting in the last cohort counts for: more than an agent makes
-(LangGraph's recursion limit is 25 steps by default), and small enough that recency
-still orders equal keys (its 2**-40 steps survive beside 2**10 in a float)."""
-
-
 def _depth_first(item: PolicyItem, attained: AttainedService) -> float:
-    first = _COHORT_TURNS if item.last_cohort else 0
-    return -item.turn - first - item.recency * _RECENCY_SCALE
+    return -item.turn - item.recency * _RECENCY_SCALE
 
 
 def _las(item: PolicyItem, attained: AttainedService) -> float:
@@ -194,8 +185,7 @@ class Priority:
         if self.mode == "las":
             return int(self.attained.get(item.sibling_id) * _LAS_ENGINE_SCALE)
         if self.mode == "depth_first":
-            # Recency orders equal turns here only: the engine's is an int.
-            return -item.turn - (_COHORT_TURNS if item.last_cohort else 0)
+            return -item.turn  # recency orders equal turns here only: the engine's is an int
         return int(self._key(item, self.attained))
 
     def served(self, sibling_id: Hashable, seconds: float) -> None:

@@ -233,9 +233,7 @@ class Scheduler:
                 # The server's word on its second tier, else the user's.
                 if offload is None:
                     offload = self._policy.kv_offload_tokens
-                self._ledger = make_ledger(
-                    capacity, offload_capacity=offload, engine_room=self._engine_room
-                )
+                self._ledger = make_ledger(capacity, offload_capacity=offload)
         return self._ledger
 
     def inflight_by_sibling(self) -> dict[str, int]:
@@ -247,12 +245,6 @@ class Scheduler:
             ```
         """
         return {str(k): v for k, v in self._core.inflight_by_sibling().items()}
-
-    def _engine_room(self) -> int | None:
-        """Agent calls the decode cap would let out now, less the queue (None: no cap)."""
-        core = self._core
-        cap = core.decode_limit
-        return None if cap is None else cap - core.in_flight - core.ready
 
     def load(self) -> tuple[int, int, int, int | None]:
         """`(queued, in_flight, limit, decode_cap)` now; cheap, from any thread (scrapes)."""
@@ -457,7 +449,6 @@ class Scheduler:
                 prefix=prefix,
                 left=sibling.left,
                 conversation=conversation,
-                last_cohort=sibling.last_cohort,
             )
         else:
             item = PolicyItem(

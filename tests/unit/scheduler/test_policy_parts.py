@@ -84,18 +84,3 @@ def test_warming_holds_followers_until_the_leader_is_warm() -> None:
     assert gate.is_warm("p", 1.0)
     assert gate.held_count == 0
     assert gate.held_s == pytest.approx(0.4)
-
-
-def test_the_last_cohort_goes_first_in_depth_first_and_at_the_engine() -> None:
-    depth = Priority("depth_first")
-    depth.completed("recent")
-    late = PolicyItem(turn=0, sibling_id="g/9", last_cohort=True)
-    late_recent = PolicyItem(turn=0, sibling_id="g/8", last_cohort=True, conversation="recent")
-    deep = PolicyItem(turn=40, sibling_id="g/1")
-    items = [deep, late, late_recent]
-    by_key = sorted(items, key=depth.key)
-    assert by_key == [late_recent, late, deep]  # recency still orders the cohort's equals
-    assert depth.for_engine(late) < depth.for_engine(deep)
-    # Other modes leave the cohort alone.
-    fifo = Priority("fifo")
-    assert fifo.key(late) == fifo.key(deep)
