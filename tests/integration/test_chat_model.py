@@ -37,8 +37,8 @@ def make(url: str, **kw: Any) -> BatchedChatModel:
 
 
 async def test_invoke_and_stream_usage(emulator_url: str) -> None:
-    # 48 tokens: enough decode steps that the stream arrives as several events even
-    # when the emulator's loop is slow to wake (it sends what arrived since then).
+    # 48 tokens: enough decode steps that the stream usually arrives as several events
+    # (the emulator sends what was decoded since its loop last woke).
     llm = make(emulator_url, max_tokens=64, emulator={"output_tokens": 48})
     msg = await llm.ainvoke("hello there")
     assert msg.text
@@ -56,7 +56,11 @@ async def test_invoke_and_stream_usage(emulator_url: str) -> None:
     assert again.usage_metadata.get("input_token_details", {}).get("cache_read", 0) > 0
     chunks = [c async for c in llm.astream("hello there")]
     assert all(isinstance(c, AIMessageChunk) for c in chunks)
-    assert len(chunks) > 2
+    # Content, then the last chunk with the usage. How many content chunks depends on
+    # how often the emulator's loop wakes: on a loaded machine one event carried all
+    # 48 tokens (2 chunks in all), so more than one content chunk is not asserted.
+    assert len(chunks) >= 2
+    assert any(c.text for c in chunks[:-1])
     assert chunks[-1].chunk_position == "last"
     assert chunks[-1].usage_metadata is not None
     assert "".join(c.text for c in chunks) == msg.text  # deterministic emulator
