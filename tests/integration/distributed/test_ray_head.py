@@ -31,9 +31,13 @@ N = 12
 OTHER_IP = "127.0.0.3"
 
 
+def _rows(log: Path) -> list[list[str]]:
+    """The execution log's lines, split: `<index> <pid> start|done|cancel`, or `tool ...`."""
+    return [line.split() for line in log.read_text().splitlines() if line.strip()]
+
+
 def _counts(log: Path, what: str) -> collections.Counter[int]:
-    rows = [line.split() for line in log.read_text().splitlines() if line.strip()]
-    return collections.Counter(int(r[0]) for r in rows if r[-1] == what and r[0] != "tool")
+    return collections.Counter(int(r[0]) for r in _rows(log) if r[-1] == what and r[0] != "tool")
 
 
 def _descends_from(pid: int, root: int) -> bool:
@@ -51,7 +55,7 @@ def _descends_from(pid: int, root: int) -> bool:
 
 def _running_on(log: Path, root: int) -> bool:
     """Whether a sibling started and not done runs under process `root` (the head)."""
-    rows = [line.split() for line in log.read_text().splitlines() if line.strip()]
+    rows = _rows(log)
     ended = {(r[0], r[1]) for r in rows if r[-1] in ("done", "cancel")}
     return any(
         r[-1] == "start"
