@@ -261,6 +261,12 @@ async def _stream_chat(
     enc = ChunkEncoder(chat_id, model, created)
     try:
         while True:
+            # The engine thread commits tokens while this loop runs. Arm the
+            # wake-up before reading, so news during a write is not lost, and
+            # read `finished` before `num_output`: the thread counts the last
+            # token and then finishes, so a finished request's count is final.
+            woken = watch.arm()
+            done = req.finished
             # Every event vLLM would send for the tokens that arrived since
             # the last wake-up, written in one go (same events, fewer writes).
             frames: list[bytes] = []
@@ -303,11 +309,11 @@ async def _stream_chat(
                     if opts.fault == "drop":
                         raise DropConnection
                     return  # truncated stream: no finish, no [DONE]
-            if req.finished:
+            if done:
                 break
             if frames:
                 yield b"".join(frames)
-            await watch.arm()
+            await woken
         if req.status.value == "aborted":
             if frames:
                 yield b"".join(frames)

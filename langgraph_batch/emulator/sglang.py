@@ -8,7 +8,6 @@ value runs earlier) under `--scheduling-policy priority`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
@@ -20,7 +19,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from langgraph_batch.emulator._http import RequestError
+from langgraph_batch.emulator._http import RequestError, Watch
 from langgraph_batch.emulator._serving import Serving
 from langgraph_batch.emulator.engine import Request
 from langgraph_batch.emulator.protocol import sse
@@ -181,19 +180,18 @@ def _result(req: Request, plan: Plan, params: Mapping[str, Any], start: float) -
 
 
 async def _stream(server: Serving, req: Request, plan: Plan, start: float) -> AsyncIterator[bytes]:
-    loop = asyncio.get_running_loop()
-    fut: list[asyncio.Future[None]] = []
-
-    def wake(r: Request) -> None:
-        if fut and not fut[-1].done():
-            fut[-1].set_result(None)
-
-    req.listener = wake
+    watch = Watch()
+    req.listener = watch
     server.driver.submit(req)
     sent = 0
     try:
         while True:
-            k = min(req.num_output, len(plan.pieces))
+            # As the OpenAI stream: armed before reading, and `finished` read
+            # before `num_output` (the engine thread writes them in that order).
+            woken = watch.arm()
+            done = req.finished
+            produced = req.num_output
+            k = min(produced, len(plan.pieces))
             if k > sent:
                 sent = k
                 text = "".join(plan.pieces[:k])
@@ -203,15 +201,14 @@ async def _stream(server: Serving, req: Request, plan: Plan, start: float) -> As
                         "id": req.request_id,
                         "finish_reason": None,
                         "prompt_tokens": req.prompt_len,
-                        "completion_tokens": req.num_output,
+                        "completion_tokens": produced,
                         "cached_tokens": req.cached_tokens or 0,
                     },
                 }
                 yield sse(item)
-            if req.finished:
+            if done:
                 break
-            fut.append(loop.create_future())
-            await fut[-1]
+            await woken
         yield sse("[DONE]")
     finally:
         if not req.finished:
