@@ -231,7 +231,9 @@ def check_sibling(i: int, messages: Any) -> str | None:
     """None when sibling i's conversation is exactly its own correct one, else why not."""
     key = f"k{i % KEYS}"
     if not isinstance(messages, list) or len(messages) != 4:
-        return f"{len(messages) if isinstance(messages, list) else messages!r} messages"
+        if not isinstance(messages, list):
+            return f"{messages!r} instead of messages (sibling {i})"
+        return f"{len(messages)} messages (sibling {i}: {[type(m).__name__ for m in messages]})"
     human, call, result, answer = messages
     if not isinstance(human, HumanMessage) or human.content != prompt(i):
         return "not its own question"
@@ -244,7 +246,12 @@ def check_sibling(i: int, messages: Any) -> str | None:
     if not isinstance(answer, AIMessage) or answer.tool_calls or answer.invalid_tool_calls:
         return "no final answer"
     if answer.content != expected_answer(i):
-        return f"wrong or truncated answer {answer.content!r}"
+        meta = answer.response_metadata
+        return (
+            f"wrong or truncated answer {answer.content!r} (sibling {i}, "
+            f"finish_reason {meta.get('finish_reason')!r}, request {meta.get('request_id')!r}, "
+            f"usage {answer.usage_metadata!r})"
+        )
     if answer.response_metadata.get("finish_reason") != "stop":
         return f"finish_reason {answer.response_metadata.get('finish_reason')!r}"
     return None
@@ -376,7 +383,7 @@ async def _round(
             why = check_sibling(i, value)
             if why is not None:
                 figures["silently_wrong"] += 1
-                figures[f"wrong:{why[:40]}"] += 1
+                figures[f"wrong:{why[:400]}"] += 1
                 continue
             figures["ok"] += 1
             rids = {
@@ -487,7 +494,7 @@ async def test_chaos_200_siblings(
         "leaked_queued_requests",
         "failed_untyped",
     ):
-        assert report[name] == 0, (name, report)
+        assert report[name] == 0, (name, report["wrong"], report["errors"], report)
     assert report["ok"] + report["failed_typed"] == report["siblings"]
     assert report["recovered_by_retry"] > 0
     assert report["ok"] > report["siblings"] // 2
