@@ -38,6 +38,13 @@ TPM = 1500
 TIME_SCALE = 30.0  # a minute of 2 s (1 s drew a 429 or two on a loaded 2-core machine)
 MINUTE_S = 60.0 / TIME_SCALE
 MAX_TOKENS = 16
+# The share of the limits the budgets use. It is also the budget's margin for
+# requests that reach the server after the pacer let them go: a full bucket
+# cannot bank the refill of that delay (docs/rate-limits.md). The default 0.95
+# covers 3 s at a real 60 s minute but 0.1 s at this 2 s one, and a loaded
+# 2-core machine delays requests more: run 3 at once, the fan_out test drew one
+# 429 in 3 of 6 runs. 0.75 covers 0.5 s.
+HEADROOM = 0.75
 PATIENT = RetryPolicy(max_attempts=40, initial_interval=0.05, max_interval=1.0)
 
 
@@ -85,9 +92,14 @@ async def _fan_out(url: str, rate_limit: RateLimitPolicy) -> dict[str, Any]:
         "tokens": tokens,
         "rate_limited": stats["rate_limited"],
         "rate_waits": waits,
-        # The bound: the first full bucket goes at once, the rest at TPM per minute.
-        "bound_s": max(0.0, tokens - TPM) / (TPM / MINUTE_S),
+        "bound_s": _bound(tokens),
     }
+
+
+def _bound(tokens: float) -> float:
+    """The makespan's bound: the budget's first full bucket at once, the rest at its rate."""
+    budget = TPM * HEADROOM
+    return max(0.0, tokens - budget) / (budget / MINUTE_S)
 
 
 @pytest.fixture
@@ -103,14 +115,17 @@ async def test_without_a_budget_the_burst_draws_429s(url: str) -> None:
 
 
 async def test_a_stated_budget_sends_no_request_the_server_refuses(url: str) -> None:
-    run = await _fan_out(url, RateLimitPolicy(tokens_per_min=TPM, minute_s=MINUTE_S))
+    run = await _fan_out(
+        url, RateLimitPolicy(tokens_per_min=TPM, minute_s=MINUTE_S, headroom=HEADROOM)
+    )
     assert run["rate_limited"] == 0
     assert run["rate_waits"] > 0
     assert run["makespan_s"] < 1.5 * run["bound_s"] + 0.5, run
 
 
 async def test_a_budget_learned_from_the_headers_sends_no_refused_request(url: str) -> None:
-    run = await _fan_out(url, RateLimitPolicy())  # limits and minute from x-ratelimit-*
+    # Limits and the minute from x-ratelimit-*.
+    run = await _fan_out(url, RateLimitPolicy(headroom=HEADROOM))
     assert run["rate_limited"] == 0
     assert run["makespan_s"] < 1.5 * run["bound_s"] + 0.5, run
 
@@ -124,7 +139,7 @@ async def test_fan_out_siblings_of_two_turns_share_one_learned_budget(url: str) 
         model="emulated-llama-3-8b",
         base_url=url,
         max_tokens=MAX_TOKENS,
-        policy=BatchPolicy(rate_limit=RateLimitPolicy(), retry=PATIENT),
+        policy=BatchPolicy(rate_limit=RateLimitPolicy(headroom=HEADROOM), retry=PATIENT),
     )
 
     async def think(state: Sibling) -> Sibling:
@@ -161,7 +176,7 @@ async def test_fan_out_siblings_of_two_turns_share_one_learned_budget(url: str) 
         stats = (await client.get(url + "/emulator/stats")).json()
     assert stats["rate_limited"] == 0
     tokens = stats["prompt_tokens_received"] + stats["generation_tokens"]
-    bound = (tokens - TPM) / (TPM / MINUTE_S)
+    bound = _bound(tokens)
     assert tokens > 6 * TPM
     assert makespan < 1.5 * bound + 1.0, (makespan, bound)
 
