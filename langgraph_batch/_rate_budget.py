@@ -123,11 +123,9 @@ class RateLimitPolicy:
     burst of siblings neither overruns a budget nobody knew nor books it
     at generous estimates."""
     headroom: float = 0.95
-    """Share of each limit to use (0 < h <= 1): margin for estimates and clocks,
-    and for requests that reach the server later than they left (a full bucket
-    there cannot bank the refill of that delay). It covers a delay of
-    `1 - headroom` of the minute: 3 s of a real minute at 0.95, 0.1 s of a
-    time-scaled emulator's 2 s one (lower it there)."""
+    """Share of each limit to use (0 < h <= 1): margin for estimates, clocks and requests
+    that reach the server late (its full bucket cannot bank that refill): `1 - headroom`
+    of the minute (at 0.95, 3 s of a real one; lower it for a time-scaled emulator)."""
     output_tokens_prior: int = 256
     """Output tokens booked for a request without `max_tokens` (settled to the
     real count when it answers)."""
