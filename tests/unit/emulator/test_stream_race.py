@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from langgraph_batch.backends._sse import SSEDecoder
 from langgraph_batch.emulator import sglang
 from langgraph_batch.emulator._openai_api import _stream_chat
@@ -83,16 +85,35 @@ def _openai_stream(req: RacingRequest) -> AsyncIterator[bytes]:
     return _stream_chat(_server(), "chatcmpl-r1", req, PLAN, opts, include_usage=False)  # type: ignore[arg-type]
 
 
-def _openai_text(frames: list[bytes]) -> tuple[str, str | None]:
-    decoder = SSEDecoder()
+def _openai_text(frames: list[bytes]) -> str:
+    """The streamed answer; its last event must say it stopped."""
     text, finish = "", None
-    for data in decoder.feed(b"".join(frames)):
+    for data in SSEDecoder().feed(b"".join(frames)):
         if data == b"[DONE]":
             continue
         choice = json.loads(data)["choices"][0]
         text += choice["delta"].get("content") or ""
         finish = choice["finish_reason"] or finish
-    return text, finish
+    assert finish == "stop"
+    return text
+
+
+def _sglang_stream(req: RacingRequest) -> AsyncIterator[bytes]:
+    return sglang._stream(_server(), req, PLAN, 0.0)  # type: ignore[arg-type]
+
+
+def _sglang_text(frames: list[bytes]) -> str:
+    """The text of the last event (SGLang streams the whole text so far)."""
+    items = [json.loads(d) for d in SSEDecoder().feed(b"".join(frames)) if d != b"[DONE]"]
+    return str(items[-1]["text"])
+
+
+Stream = Callable[[RacingRequest], AsyncIterator[bytes]]
+FLAVOURS = pytest.mark.parametrize(
+    ("open_stream", "answer"),
+    [(_openai_stream, _openai_text), (_sglang_stream, _sglang_text)],
+    ids=["openai", "sglang"],
+)
 
 
 async def _next(stream: AsyncIterator[bytes]) -> bytes:
@@ -106,55 +127,30 @@ async def _drain(stream: AsyncIterator[bytes], frames: list[bytes]) -> None:
             frames.append(frame)
 
 
-async def test_openai_stream_sends_tokens_committed_after_the_count_was_read() -> None:
+@FLAVOURS
+async def test_a_stream_sends_tokens_committed_after_the_count_was_read(
+    open_stream: Stream, answer: Callable[[list[bytes]], str]
+) -> None:
     req = RacingRequest()
-    stream = _openai_stream(req)
+    stream = open_stream(req)
     req.commit(2)
-    frames = [await _next(stream)]  # role, then "Final answer"
+    frames = [await _next(stream)]  # "Final answer"
     req.commit(3)
     req.finish_on_read = 3  # the thread finishes just after the loop reads 3
     await _drain(stream, frames)
-    assert _openai_text(frames) == (PLAN.text, "stop")
+    assert answer(frames) == PLAN.text
 
 
-async def test_openai_stream_sees_news_that_came_while_it_wrote() -> None:
+@FLAVOURS
+async def test_a_stream_sees_news_that_came_while_it_wrote(
+    open_stream: Stream, answer: Callable[[list[bytes]], str]
+) -> None:
     req = RacingRequest()
-    stream = _openai_stream(req)
+    stream = open_stream(req)
     req.commit(2)
     frames = [await _next(stream)]
     # The loop is suspended in the write of that frame: the request finishes now.
     req.commit(len(PIECES), finish=True)
     await asyncio.sleep(0)  # the notice runs before the loop resumes
     await _drain(stream, frames)
-    assert _openai_text(frames) == (PLAN.text, "stop")
-
-
-def _sglang_stream(req: RacingRequest) -> AsyncIterator[bytes]:
-    return sglang._stream(_server(), req, PLAN, 0.0)  # type: ignore[arg-type]
-
-
-def _sglang_text(frames: list[bytes]) -> str:
-    items = [json.loads(d) for d in SSEDecoder().feed(b"".join(frames)) if d != b"[DONE]"]
-    return str(items[-1]["text"])
-
-
-async def test_sglang_stream_sends_tokens_committed_after_the_count_was_read() -> None:
-    req = RacingRequest()
-    stream = _sglang_stream(req)
-    req.commit(2)
-    frames = [await _next(stream)]
-    req.commit(3)
-    req.finish_on_read = 3
-    await _drain(stream, frames)
-    assert _sglang_text(frames) == PLAN.text
-
-
-async def test_sglang_stream_sees_news_that_came_while_it_wrote() -> None:
-    req = RacingRequest()
-    stream = _sglang_stream(req)
-    req.commit(2)
-    frames = [await _next(stream)]
-    req.commit(len(PIECES), finish=True)
-    await asyncio.sleep(0)
-    await _drain(stream, frames)
-    assert _sglang_text(frames) == PLAN.text
+    assert answer(frames) == PLAN.text
