@@ -127,14 +127,21 @@ async def _drain(stream: AsyncIterator[bytes], frames: list[bytes]) -> None:
             frames.append(frame)
 
 
+async def _started(
+    open_stream: Stream,
+) -> tuple[RacingRequest, AsyncIterator[bytes], list[bytes]]:
+    """A stream whose request has 2 tokens, and its first frame ("Final answer")."""
+    req = RacingRequest()
+    stream = open_stream(req)
+    req.commit(2)
+    return req, stream, [await _next(stream)]
+
+
 @FLAVOURS
 async def test_a_stream_sends_tokens_committed_after_the_count_was_read(
     open_stream: Stream, answer: Callable[[list[bytes]], str]
 ) -> None:
-    req = RacingRequest()
-    stream = open_stream(req)
-    req.commit(2)
-    frames = [await _next(stream)]  # "Final answer"
+    req, stream, frames = await _started(open_stream)
     req.commit(3)
     req.finish_on_read = 3  # the thread finishes just after the loop reads 3
     await _drain(stream, frames)
@@ -145,10 +152,7 @@ async def test_a_stream_sends_tokens_committed_after_the_count_was_read(
 async def test_a_stream_sees_news_that_came_while_it_wrote(
     open_stream: Stream, answer: Callable[[list[bytes]], str]
 ) -> None:
-    req = RacingRequest()
-    stream = open_stream(req)
-    req.commit(2)
-    frames = [await _next(stream)]
+    req, stream, frames = await _started(open_stream)
     # The loop is suspended in the write of that frame: the request finishes now.
     req.commit(len(PIECES), finish=True)
     await asyncio.sleep(0)  # the notice runs before the loop resumes
