@@ -230,9 +230,9 @@ def expected_answer(i: int) -> str:
 def check_sibling(i: int, messages: Any) -> str | None:
     """None when sibling i's conversation is exactly its own correct one, else why not."""
     key = f"k{i % KEYS}"
-    if not isinstance(messages, list) or len(messages) != 4:
-        if not isinstance(messages, list):
-            return f"{messages!r} instead of messages (sibling {i})"
+    if not isinstance(messages, list):
+        return f"{messages!r} instead of messages (sibling {i})"
+    if len(messages) != 4:
         return f"{len(messages)} messages (sibling {i}: {[type(m).__name__ for m in messages]})"
     human, call, result, answer = messages
     if not isinstance(human, HumanMessage) or human.content != prompt(i):
